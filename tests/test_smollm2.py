@@ -1,0 +1,123 @@
+"""On the offline SmolLM2-135M-Instruct and a real multi_news text: the tokenizer fixes, RMM's H2O control,
+and the TOVA seed's claims as measured on this model."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from kvpress import DecodingPress, ObservedAttentionPress
+from kvpress.utils import compute_n_kept
+from transformers import DynamicCache
+
+from presses import RMMPress, TOVAPress
+from presses.ordered_scorer_press import kept_indices
+from tests.helpers import kept_positions, same_sets
+
+pytestmark = pytest.mark.slow
+BUDGET = 256
+
+
+def test_tokenizer_fixes(smollm2):
+    model, tokenizer = smollm2()
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
+    assert tokenizer.pad_token_id == 2 and model.generation_config.eos_token_id == 2
+    assert len(tokenizer) == model.config.vocab_size == 49152, "no fill-in-the-middle tokens beyond the vocabulary"
+    assert tokenizer.encode("Hello")[0] != tokenizer.bos_token_id, "no BOS prepended"
+    assert tokenizer.encode("Hello") == tokenizer.encode("Hello", add_special_tokens=False)
+    assert tokenizer.tokenize("in 2024") == ["in", "Ġ", "2", "0", "2", "4"], "digits are split one by one"
+    assert tokenizer.tokenize("x  123") == ["x", "ĠĠ", "1", "2", "3"]
+    assert tokenizer.model_max_length == 8192
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert chat.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert tokenizer.decode(tokenizer.encode("Paris, 1889 — déjà vu.")) == "Paris, 1889 — déjà vu."
+
+
+def test_rmm_uniform_keeps_exactly_what_observed_attention_keeps(smollm2, real_text_ids):
+    """The paper's control: every layer and KV head, eager (the weights read) and sdpa (recomputed in chunks)."""
+    eager, _ = smollm2("eager")
+    sdpa, _ = smollm2("sdpa")
+    h2o = kept_positions(eager, real_text_ids, ObservedAttentionPress(compression_ratio=0.75))
+    assert same_sets(kept_positions(eager, real_text_ids, RMMPress(compression_ratio=0.75, correctness="uniform")), h2o)
+    assert same_sets(kept_positions(sdpa, real_text_ids, RMMPress(compression_ratio=0.75, correctness="uniform")), h2o)
+
+
+def held_counts(positions: list[torch.Tensor], length: int) -> tuple[list[int], list[int]]:
+    """Per layer, how many of the 64 most recent and of the first 4 positions are held."""
+    recent = [int((p[0, 0] >= length - 64).sum()) for p in positions]
+    first = [int((p[0, 0] < 4).sum()) for p in positions]
+    return recent, first
+
+
+def test_tova_prefill_at_budget_256_measured(smollm2, real_text_ids):
+    """The seed claims that at budget 256 every layer holds the 64 most recent and the 4 first positions.
+
+    On SmolLM2 with one prefill compression (the newest prompt token's attention decides), neither holds.
+    """
+    model, _ = smollm2()
+    length = real_text_ids.shape[1]
+    press = TOVAPress(compression_ratio=1 - (BUDGET + 0.5) / length)
+    positions = kept_positions(model, real_text_ids, press)
+    assert {p.shape[-1] for p in positions} == {BUDGET}
+    recent, first = held_counts(positions, length)
+    # fmt: off
+    assert recent == [61, 59, 62, 54, 40, 52, 49, 40, 54, 63, 60, 55, 64, 60, 54,
+                      63, 62, 62, 52, 62, 42, 55, 53, 44, 47, 63, 52, 53, 59, 55]
+    assert first == [0, 1, 2, 3, 3, 2, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2]
+    # fmt: on
+
+
+class PositionTrackingTOVA(TOVAPress):
+    """TOVAPress that also records which original positions each layer holds (decoding, batch 1)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.held = {}
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        kept = kept_indices(scores, compute_n_kept(keys.shape[2], self.compression_ratio))[0, 0]
+        held = torch.cat([self.held.get(module.layer_idx, torch.arange(BUDGET)), kwargs["position_ids"][0, -1:]])
+        self.held[module.layer_idx] = held[kept]
+        return super().compress(module, hidden_states, keys, values, attentions, kwargs)
+
+
+def test_tova_as_a_multi_state_rnn_at_budget_256_measured(smollm2, real_text_ids):
+    """TOVA's own setting: the text is read token by token and every step drops one of B + 1 states.
+
+    Measured on SmolLM2: the 64 most recent positions are nearly all held (all 64 in 14 of 30 layers, at
+    least 57 everywhere), but the 4 first positions are not (all 4 in one layer only).
+    """
+    model, _ = smollm2()
+    length = real_text_ids.shape[1]
+    tracker = PositionTrackingTOVA()
+    cache = DynamicCache()
+    with torch.no_grad():
+        model.model(input_ids=real_text_ids[:, :BUDGET], past_key_values=cache)
+        with DecodingPress(base_press=tracker, compression_interval=1, target_size=BUDGET)(model):
+            for position in range(BUDGET, length):
+                model.model(
+                    input_ids=real_text_ids[:, position : position + 1],
+                    past_key_values=cache,
+                    position_ids=torch.tensor([[position]]),
+                )
+    assert {layer.keys.shape[2] for layer in cache.layers} == {BUDGET}
+    recent, first = held_counts([held.view(1, 1, -1) for _, held in sorted(tracker.held.items())], length)
+    # fmt: off
+    assert recent == [64, 64, 63, 62, 61, 62, 61, 57, 64, 64, 64, 64, 64, 64, 61,
+                      63, 64, 64, 64, 64, 63, 61, 62, 61, 60, 64, 64, 63, 63, 63]
+    assert first == [0, 1, 2, 2, 3, 4, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 3, 1, 2, 1, 1, 1, 1, 1, 2, 3, 2, 3]
+    # fmt: on
+
+
+def test_readme_usage_snippet_runs_as_written():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    snippet = re.search(r"<!-- usage -->\s*```python\n(.*?)```", readme, re.DOTALL)
+    assert snippet, "README.md has a python block right after <!-- usage -->"
+    namespace: dict = {}
+    exec(compile(snippet.group(1), "README.md", "exec"), namespace)
+    assert isinstance(namespace["answer"], str) and namespace["answer"].strip()
