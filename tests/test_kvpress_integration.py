@@ -12,28 +12,16 @@ from kvpress import (
     PerLayerCompressionPress,
 )
 from kvpress.utils import compute_n_kept
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AttentionInterface, DynamicCache, PreTrainedTokenizerFast, pipeline
+from transformers import AttentionInterface, DynamicCache, pipeline
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from presses import RMMPress, TOVAPress
-from tests.helpers import TINY
+from tests.helpers import TINY, byte_tokenizer
 
 CONTEXT = "The lighthouse keeper counted ships every night and wrote their names in a blue ledger. " * 3
 QUESTIONS = ["Who counted ships?", "Where were the names written?", "When did he count?"]
 PRESSES = {"tova": lambda: TOVAPress(), "rmm": lambda: RMMPress(lag=4)}
-
-
-def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer built in code: 3 special tokens, then the 256 byte symbols (ids 3..258)."""
-    specials = ["<unk>", "<s>", "</s>"]
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {token: i for i, token in enumerate(specials + sorted(alphabet))}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
 def per_layer_sdpa(module, query, key, value, attention_mask, **kwargs):

@@ -1,0 +1,42 @@
+"""Compression budgets: a ratio of the cache to evict, or an absolute number of tokens to keep."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from evaluation.errors import EvaluationError
+
+
+@dataclass(frozen=True)
+class Budget:
+    kind: str  # "ratio" (fraction evicted) or "tokens" (tokens kept)
+    value: float
+
+    def __post_init__(self) -> None:
+        if self.kind == "ratio" and not 0 <= self.value < 1:
+            raise EvaluationError(f"compression ratio {self.value} is outside [0, 1): it is the fraction evicted")
+        if self.kind == "tokens" and (self.value <= 0 or self.value != int(self.value)):
+            raise EvaluationError(f"token budget {self.value} must be a whole number of tokens > 0")
+        if self.kind not in ("ratio", "tokens"):
+            raise ValueError(f"unknown budget kind {self.kind!r}")
+
+    @property
+    def key(self) -> str:
+        return f"ratio={self.value:g}" if self.kind == "ratio" else f"tokens={int(self.value)}"
+
+    @property
+    def label(self) -> str:
+        return f"keep {100 * (1 - self.value):.0f}%" if self.kind == "ratio" else f"{int(self.value)} tokens"
+
+    def compression_ratio(self, length: int) -> float:
+        """The ratio that keeps this budget of a ``length``-token cache (0 when it already fits).
+
+        For a token budget B < length, ``int(length * (1 - ratio))`` is exactly B.
+        """
+        if self.kind == "ratio":
+            return self.value
+        return max(0.0, 1 - (self.value + 0.5) / length) if self.value < length else 0.0
+
+
+def parse_budgets(ratios: list[float] | None, tokens: list[int] | None) -> list[Budget]:
+    return [Budget("ratio", r) for r in ratios or []] + [Budget("tokens", t) for t in tokens or []]

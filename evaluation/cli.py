@@ -1,0 +1,113 @@
+"""The command line: ``python -m evaluation longbench | score``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from evaluation.budgets import parse_budgets
+from evaluation.errors import EvaluationError
+from evaluation.metrics.longbench import sample_score, task_score
+from evaluation.models import SMOLLM2_ALIAS
+from evaluation.press_registry import PRESS_NAMES
+
+DEFAULT_LONGBENCH_TASKS = ["multi_news"]
+DEFAULT_RATIOS = [0.5, 0.75]
+
+
+def add_longbench(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "longbench",
+        help="LongBench single-turn protocol: every press at every budget",
+        description="Run (or resume) the LongBench v1 grid: tasks x examples x presses x budgets. Results go to "
+        "OUTPUT/predictions.jsonl (one line per finished cell; rerunning resumes), scorecard.{md,csv,png} "
+        "and run.json.",
+    )
+    parser.add_argument(
+        "--model", default=SMOLLM2_ALIAS, help=f"'{SMOLLM2_ALIAS}' (offline default), a hub id or a folder"
+    )
+    parser.add_argument("--tasks", nargs="+", default=DEFAULT_LONGBENCH_TASKS, help="LongBench v1 English tasks")
+    parser.add_argument("--presses", nargs="+", default=list(PRESS_NAMES), help=f"any of {', '.join(PRESS_NAMES)}")
+    parser.add_argument(
+        "--ratios", nargs="*", type=float, help=f"compression ratios to evict (default {DEFAULT_RATIOS})"
+    )
+    parser.add_argument("--budgets", nargs="*", type=int, help="absolute numbers of context tokens to keep")
+    parser.add_argument("--n", type=int, default=2, help="examples per task, the first N in file order (default 2)")
+    parser.add_argument("--query-aware", action="store_true", help="compress the question with the context")
+    parser.add_argument(
+        "--data-dir", help="folder with <task>.jsonl and config/ (default $LONGBENCH_DIR, else the hub)"
+    )
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        help="prompt truncation length (default: the model's context "
+        "less the task's max_new_tokens and 64 tokens for the chat template)",
+    )
+    parser.add_argument("--output", type=Path, help="run folder (default results/longbench/<model>)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
+def add_score(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("score", help="rescore a JSONL file of predictions with the official metrics")
+    parser.add_argument("benchmark", choices=["longbench"])
+    parser.add_argument("file", type=Path, help='JSONL: {"task", "prediction", "answers", "all_classes"} per line')
+    parser.add_argument("--per-row", action="store_true", help='add a "rows" list of per-line scores in file order')
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise EvaluationError(f"{path} not found")
+    rows = []
+    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise EvaluationError(f"{path}:{line_number}: malformed JSON line ({error.msg})") from error
+    return rows
+
+
+def score_longbench(rows: list[dict], per_row: bool) -> dict:
+    scores = [sample_score(r["task"], r["prediction"], r["answers"], r.get("all_classes")) for r in rows]
+    by_task: dict[str, list[float]] = {}
+    for row, score in zip(rows, scores, strict=True):
+        by_task.setdefault(row["task"], []).append(score)
+    result: dict = {task: task_score(values) for task, values in by_task.items()}
+    if per_row:
+        result["rows"] = scores
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_longbench(subparsers)
+    add_score(subparsers)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "longbench":
+            from evaluation.longbench.runner import LongBenchConfig, run
+
+            ratios = DEFAULT_RATIOS if args.ratios is None and args.budgets is None else args.ratios
+            config = LongBenchConfig(
+                model=args.model,
+                tasks=args.tasks,
+                presses=args.presses,
+                budgets=parse_budgets(ratios, args.budgets),
+                n=args.n,
+                query_aware=args.query_aware,
+                data_dir=args.data_dir,
+                output=args.output or Path("results") / "longbench" / Path(args.model).name,
+                device=args.device,
+                max_length=args.max_length,
+            )
+            print(f"scorecard: {run(config) / 'scorecard.md'}")
+        else:
+            print(json.dumps(score_longbench(read_jsonl(args.file), args.per_row)))
+    except EvaluationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0

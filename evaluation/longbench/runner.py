@@ -1,0 +1,169 @@
+"""The LongBench grid: every example x press x budget, one JSON line per finished cell, resumable."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from itertools import groupby
+from pathlib import Path
+
+from tqdm import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from evaluation.budgets import Budget
+from evaluation.errors import EvaluationError
+from evaluation.generation import eos_ids, generate
+from evaluation.longbench.data import Example, TaskConfig, check_tasks, load_configs, load_task, resolve_data_dir
+from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, build_prompt
+from evaluation.metrics.longbench import sample_score, task_score
+from evaluation.models import load_model_or_explain
+from evaluation.press_registry import FULL_CACHE, attn_implementation, check_presses, make_press
+from evaluation.run_record import RunRecord
+from evaluation.scorecard import Entry, with_average, write_scorecard
+from evaluation.store import ResultStore
+
+CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
+RESULTS_DEFINING = ("model", "query_aware", "max_length", "device")
+
+
+@dataclass
+class LongBenchConfig:
+    model: str
+    tasks: list[str]
+    presses: list[str]
+    budgets: list[Budget]
+    n: int | None
+    query_aware: bool
+    data_dir: str | None
+    output: Path
+    device: str = "cpu"
+    max_length: int | None = None
+
+
+Cell = tuple[Example, str, Budget | None]
+
+
+def row_key(row: dict) -> tuple[str, str, str, str]:
+    return row["task"], row["id"], row["press"], row["budget"]
+
+
+def cell_key(cell: Cell) -> tuple[str, str, str, str]:
+    example, press, budget = cell
+    return example.task, example.id, press, budget.key if budget else FULL_CACHE
+
+
+def plan(examples: list[Example], presses: list[str], budgets: list[Budget]) -> list[Cell]:
+    """Example by example: the full cache once, then every press at every budget."""
+    cells: list[Cell] = []
+    for example in examples:
+        cells += [(example, FULL_CACHE, None)] if FULL_CACHE in presses else []
+        cells += [(example, press, budget) for press in presses if press != FULL_CACHE for budget in budgets]
+    return cells
+
+
+def prompt_budget(
+    config: LongBenchConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: TaskConfig
+) -> int:
+    """The official truncation length: ``--max-length``, else the model's context less the answer and chat room."""
+    if config.max_length is not None:
+        return config.max_length
+    context = min(tokenizer.model_max_length, model.config.max_position_embeddings)
+    return context - task.max_new_tokens - CHAT_MARGIN
+
+
+def run_cell(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    config: LongBenchConfig,
+    task_config: TaskConfig,
+    example: Example,
+    prompt,
+    press_name: str,
+    budget: Budget | None,
+) -> dict:
+    context_tokens = prompt.context_ids.shape[1]
+    ratio = budget.compression_ratio(context_tokens) if budget else 0.0
+    model.set_attn_implementation(attn_implementation(press_name))
+    stop = eos_ids(model) | (
+        {tokenizer.encode("\n", add_special_tokens=False)[-1]} if example.task in STOP_AT_NEWLINE_TASKS else set()
+    )
+    start = time.perf_counter()
+    generation = generate(
+        model, prompt.context_ids, prompt.question_ids, make_press(press_name, ratio), task_config.max_new_tokens, stop
+    )
+    prediction = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+    return {
+        "task": example.task,
+        "id": example.id,
+        "press": press_name,
+        "budget": budget.key if budget else FULL_CACHE,
+        "budget_label": budget.label if budget else FULL_CACHE,
+        "compression_ratio": ratio,
+        "context_tokens": context_tokens,
+        "kept_tokens": generation.kept_tokens,
+        "question_tokens": prompt.question_ids.shape[1],
+        "truncated": prompt.truncated,
+        "query_aware": config.query_aware,
+        "attn_implementation": model.config._attn_implementation,
+        "path": "per-cell",
+        "generated_tokens": len(generation.token_ids),
+        "seconds": round(time.perf_counter() - start, 2),
+        "prediction": prediction,
+        "answers": example.answers,
+        "all_classes": example.all_classes,
+        "score": sample_score(example.task, prediction, example.answers, example.all_classes),
+    }
+
+
+def run(config: LongBenchConfig) -> Path:
+    """Run (or resume) the grid and write predictions, scorecard and run.json under ``config.output``."""
+    check_tasks(config.tasks)
+    check_presses(config.presses)
+    if not config.budgets and any(p != FULL_CACHE for p in config.presses):
+        raise EvaluationError("no budget: give at least one --ratios or --budgets value")
+    data_dir = resolve_data_dir(config.data_dir)
+    task_configs = load_configs(data_dir, config.tasks)
+    examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
+    settings = {**asdict(config), "output": str(config.output), "data_dir": str(data_dir)}
+    settings["budgets"] = [b.key for b in config.budgets]
+    record = RunRecord(config.output, settings, RESULTS_DEFINING)
+    store = ResultStore(config.output / "predictions.jsonl", row_key)
+    cells = plan(examples, config.presses, config.budgets)
+    todo = [cell for cell in cells if cell_key(cell) not in store]
+    if todo:
+        model, tokenizer = load_model_or_explain(config.model, device=config.device)
+        with tqdm(total=len(cells), initial=len(cells) - len(todo), desc="longbench", unit="cell") as bar:
+            for example, group in groupby(todo, key=lambda cell: cell[0]):
+                task_config = task_configs[example.task]
+                max_length = prompt_budget(config, model, tokenizer, task_config)
+                prompt = build_prompt(example, task_config, tokenizer, max_length, config.query_aware)
+                for _, press_name, budget in group:
+                    bar.set_postfix_str(f"{example.task} {press_name} {budget.label if budget else ''}".strip())
+                    store.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
+                    bar.update()
+    write_longbench_scorecard(config.output, store.rows, config.presses, config.budgets)
+    record.finish(len(todo), model=config.model, device=config.device)
+    return config.output
+
+
+def longbench_entries(rows: list[dict]) -> list[Entry]:
+    """One entry per (task, budget, press): the official task score over the stored examples."""
+    cells: dict[tuple[str, str, str], list[float]] = {}
+    for row in rows:
+        cells.setdefault((row["task"], row["budget_label"], row["press"]), []).append(row["score"])
+    entries = [
+        Entry(task, budget, press, task_score(scores), len(scores)) for (task, budget, press), scores in cells.items()
+    ]
+    return with_average(entries, list(dict.fromkeys(row["task"] for row in rows)))
+
+
+def write_longbench_scorecard(output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]) -> None:
+    if rows:
+        write_scorecard(
+            output,
+            longbench_entries(rows),
+            presses,
+            [b.label for b in budgets],
+            title=f"LongBench: {output.name}",
+            metric="LongBench score (100 x mean)",
+        )

@@ -1,0 +1,103 @@
+"""Scorecards: per-condition tables (csv and markdown) and a score-against-budget plot per condition.
+
+A scorecard is a list of ``Entry`` (condition, budget, press, score, n). The protocol decides what a
+condition is (a LongBench task, a LoCoMo category) and how a cell's score is computed from its rows.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from evaluation.press_registry import FULL_CACHE
+
+AVERAGE = "average"
+
+
+@dataclass(frozen=True)
+class Entry:
+    condition: str
+    budget: str  # a budget label, or "full" for the uncompressed cache
+    press: str
+    score: float
+    n: int
+
+
+def with_average(entries: list[Entry], conditions: list[str]) -> list[Entry]:
+    """Add, per (budget, press), the mean over conditions, where that press has every condition."""
+    if len(conditions) < 2:
+        return entries
+    averaged = []
+    for budget, press in dict.fromkeys((e.budget, e.press) for e in entries):
+        cell = [e for e in entries if e.budget == budget and e.press == press]
+        if {e.condition for e in cell} == set(conditions):
+            mean = round(sum(e.score for e in cell) / len(cell), 2)
+            averaged.append(Entry(AVERAGE, budget, press, mean, sum(e.n for e in cell)))
+    return entries + averaged
+
+
+def write_scorecard(
+    output: Path, entries: list[Entry], presses: list[str], budgets: list[str], title: str, metric: str
+) -> None:
+    """``scorecard.csv`` (long form), ``scorecard.md`` (condition x budget rows, press columns) and
+    ``scorecard.png`` (score against budget, one line per press, one panel per condition)."""
+    conditions = list(dict.fromkeys(e.condition for e in entries))
+    output.mkdir(parents=True, exist_ok=True)
+    with (output / "scorecard.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["condition", "budget", "press", "score", "n"])
+        writer.writerows((e.condition, e.budget, e.press, e.score, e.n) for e in entries)
+    (output / "scorecard.md").write_text(markdown_table(entries, conditions, presses, budgets, title, metric))
+    plot(output / "scorecard.png", entries, conditions, presses, budgets, metric)
+
+
+def lookup(entries: Iterable[Entry], condition: str, budget: str, press: str) -> Entry | None:
+    budget = FULL_CACHE if press == FULL_CACHE else budget
+    return next((e for e in entries if (e.condition, e.budget, e.press) == (condition, budget, press)), None)
+
+
+def markdown_table(
+    entries: list[Entry], conditions: list[str], presses: list[str], budgets: list[str], title: str, metric: str
+) -> str:
+    lines = [f"# {title}", "", f"{metric}; each cell: score (n). The full cache is repeated on every budget row.", ""]
+    lines.append("| condition | budget | " + " | ".join(presses) + " |")
+    lines.append("|---|---|" + "---|" * len(presses))
+    for condition in conditions:
+        for budget in budgets:
+            cells = [lookup(entries, condition, budget, press) for press in presses]
+            text = [f"{e.score:.2f} ({e.n})" if e else "-" for e in cells]
+            lines.append(f"| {condition} | {budget} | " + " | ".join(text) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(
+    path: Path, entries: list[Entry], conditions: list[str], presses: list[str], budgets: list[str], metric: str
+) -> None:
+    columns = min(len(conditions), 3)
+    rows = -(-len(conditions) // columns)
+    figure = Figure(figsize=(4.2 * columns, 3.4 * rows))
+    axes = figure.subplots(rows, columns, squeeze=False)
+    for axis, condition in zip(axes.flat, conditions, strict=False):
+        for press in presses:
+            if press == FULL_CACHE:
+                full = lookup(entries, condition, budgets[0], press)
+                if full:
+                    axis.axhline(full.score, color="black", linestyle="--", linewidth=1, label="full cache")
+                continue
+            points = [(i, e.score) for i, b in enumerate(budgets) if (e := lookup(entries, condition, b, press))]
+            if points:
+                axis.plot(*zip(*points, strict=True), marker="o", label=press)
+        axis.set_title(condition)
+        axis.set_xticks(range(len(budgets)), budgets)
+        axis.set_ylabel(metric)
+        axis.grid(alpha=0.3)
+    for axis in list(axes.flat)[len(conditions) :]:
+        axis.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), frameon=False)
+    figure.tight_layout(rect=(0, 0.12 if len(labels) > 4 else 0.08, 1, 1))
+    figure.savefig(path, dpi=110)

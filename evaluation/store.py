@@ -1,0 +1,58 @@
+"""Append-only, resumable results: one JSON line per finished cell, fsynced as it is written.
+
+A line cut short by a crash is dropped (and the file truncated back to its last complete line) on the next
+open, so an interrupted write never corrupts what later runs read; every complete line is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Hashable
+from pathlib import Path
+
+from evaluation.errors import EvaluationError
+
+logger = logging.getLogger(__name__)
+
+
+class ResultStore:
+    """The rows of ``path``, indexed by ``key(row)``, with ``append`` for new ones."""
+
+    def __init__(self, path: Path, key: Callable[[dict], Hashable]) -> None:
+        self.path, self.key = path, key
+        self.rows: list[dict] = []
+        self.keys: set[Hashable] = set()
+        if path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        data = self.path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) < len(data):
+            logger.warning("%s: dropping an incomplete last line left by an interrupted run", self.path)
+            with self.path.open("r+b") as handle:
+                handle.truncate(len(complete))
+        for line_number, line in enumerate(complete.decode("utf-8").splitlines(), start=1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise EvaluationError(f"{self.path}:{line_number}: malformed result line ({error.msg})") from error
+            self.rows.append(row)
+            self.keys.add(self.key(row))
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.keys
+
+    def append(self, row: dict) -> None:
+        key = self.key(row)
+        if key in self.keys:
+            raise ValueError(f"{self.path}: a result for {key} is already stored")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.rows.append(row)
+        self.keys.add(key)

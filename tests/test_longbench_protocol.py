@@ -1,0 +1,213 @@
+"""The LongBench protocol end to end on a tiny random model and generated data, plus its error messages."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from kvpress.utils import compute_n_kept
+
+from evaluation.cli import main
+from evaluation.longbench.data import Example, TaskConfig
+from evaluation.longbench.prompts import build_prompt
+from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
+
+PROMPTS = {
+    "hotpotqa": "Read the passages.\n\n{context}\n\nQuestion: {input}\nAnswer:",
+    "trec": "Classify the question. Examples:\n\n{context}\n{input}",
+}
+MAX_NEW_TOKENS = {"hotpotqa": 6, "trec": 4}
+PRESSES = ["full", "snapkv", "h2o", "tova", "rmm"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama with a byte-level tokenizer that has a chat template, saved like a hub model."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model = tiny_model("llama", "sdpa")
+    model.generation_config.eos_token_id = 2
+    model.save_pretrained(folder)
+    byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
+    return folder
+
+
+def write_task(folder: Path, task: str, n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    words = ["amber", "river", "stone", "lantern", "orchid", "harbor", "meadow", "falcon"]
+    with (folder / f"{task}.jsonl").open("w") as handle:
+        for i in range(n):
+            context = " ".join(rng.choice(words) for _ in range(60))
+            row = {
+                "input": f"Which word comes first in passage {i}?",
+                "context": context,
+                "answers": [context.split()[0]],
+                "all_classes": ["Location", "Entity"] if task == "trec" else None,
+                "length": 60,
+                "dataset": task,
+                "language": "en",
+                "_id": f"{task}-{i}",
+            }
+            handle.write(json.dumps(row) + "\n")
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    folder = tmp_path / "longbench"
+    (folder / "config").mkdir(parents=True)
+    (folder / "config" / "dataset2prompt.json").write_text(json.dumps(PROMPTS))
+    (folder / "config" / "dataset2maxlen.json").write_text(json.dumps(MAX_NEW_TOKENS))
+    write_task(folder, "hotpotqa", 3, seed=0)
+    write_task(folder, "trec", 3, seed=1)
+    return folder
+
+
+def longbench(model_dir: Path, data_dir: Path, output: Path, *extra: str) -> int:
+    return main(
+        [
+            "longbench",
+            "--model",
+            str(model_dir),
+            "--data-dir",
+            str(data_dir),
+            "--tasks",
+            "hotpotqa",
+            "trec",
+            "--presses",
+            *PRESSES,
+            "--ratios",
+            "0.5",
+            "--budgets",
+            "100",
+            "--n",
+            "2",
+            "--output",
+            str(output),
+            *extra,
+        ]
+    )
+
+
+def read_rows(output: Path) -> list[dict]:
+    return [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+
+
+def test_the_whole_grid_runs_resumes_and_repeats_itself(model_dir, data_dir, tmp_path):
+    output = tmp_path / "run"
+    assert longbench(model_dir, data_dir, output) == 0
+    rows = read_rows(output)
+    assert len(rows) == 2 * 2 * (1 + 4 * 2), "2 tasks x 2 examples x (full + 4 presses x 2 budgets)"
+    for row in rows:
+        assert row["question_tokens"] > 0 and not row["query_aware"]
+        assert row["attn_implementation"] == ("eager" if row["press"] == "h2o" else "sdpa")
+        if row["budget"] == "ratio=0.5":
+            assert row["kept_tokens"] == compute_n_kept(row["context_tokens"], 0.5)
+        elif row["budget"] == "tokens=100":
+            assert row["kept_tokens"] == 100 < row["context_tokens"]
+        else:
+            assert row["kept_tokens"] == row["context_tokens"] and row["compression_ratio"] == 0
+    for name in ("scorecard.md", "scorecard.csv", "scorecard.png", "run.json"):
+        assert (output / name).stat().st_size > 0
+    scorecard = (output / "scorecard.md").read_text()
+    assert "| hotpotqa | keep 50% |" in scorecard and "| average | 100 tokens |" in scorecard
+    record = json.loads((output / "run.json").read_text())
+    assert record["config"]["model"] == str(model_dir) and record["sessions"][0]["cells_run"] == len(rows)
+    assert {"torch", "transformers", "kvpress"} <= set(record["sessions"][0]["versions"])
+
+    # resume after an interruption: the last 5 cells lost, and a line torn in the middle of its write
+    lines = (output / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (output / "predictions.jsonl").write_text("".join(lines[:-5]) + lines[-5][:40])
+    assert longbench(model_dir, data_dir, output) == 0
+    resumed = read_rows(output)
+    assert [r["prediction"] for r in resumed] == [r["prediction"] for r in rows], "same predictions, same order"
+    assert json.loads((output / "run.json").read_text())["sessions"][1]["cells_run"] == 5
+
+    assert longbench(model_dir, data_dir, output) == 0
+    assert len(read_rows(output)) == len(rows), "a finished run reruns nothing"
+
+
+def test_query_aware_compresses_the_whole_prompt(model_dir, data_dir, tmp_path):
+    output = tmp_path / "aware"
+    assert longbench(model_dir, data_dir, output, "--query-aware", "--n", "1", "--presses", "h2o", "rmm") == 0
+    assert all(row["question_tokens"] == 0 and row["query_aware"] for row in read_rows(output))
+
+
+def test_resuming_with_other_settings_is_refused(model_dir, data_dir, tmp_path, capsys):
+    output = tmp_path / "run"
+    assert main(["longbench", "--model", str(model_dir), "--data-dir", str(data_dir), "--tasks", "trec",
+                 "--presses", "full", "--n", "1", "--output", str(output)]) == 0  # fmt: skip
+    assert main(["longbench", "--model", str(model_dir), "--data-dir", str(data_dir), "--tasks", "trec",
+                 "--presses", "full", "--n", "1", "--output", str(output), "--query-aware"]) == 2  # fmt: skip
+    assert "query_aware: stored False, asked True" in capsys.readouterr().err
+
+
+def test_prompt_split_and_middle_truncation():
+    tokenizer = byte_tokenizer(CHAT_TEMPLATE)
+    example = Example("hotpotqa", "x", "Who?", "alpha beta gamma " * 20, ["alpha"], None)
+    config = TaskConfig(PROMPTS["hotpotqa"], 6)
+    prompt = build_prompt(example, config, tokenizer, max_length=10_000, query_aware=False)
+    context = tokenizer.decode(prompt.context_ids[0])
+    question = tokenizer.decode(prompt.question_ids[0])
+    assert context.startswith("<s>user: Read the passages.") and context.endswith("alpha beta gamma ")
+    assert question == "\n\nQuestion: Who?\nAnswer:</s><s>assistant: "
+    assert not prompt.truncated
+
+    short = build_prompt(example, config, tokenizer, max_length=120, query_aware=True)
+    text = tokenizer.decode(short.context_ids[0])
+    assert short.truncated and short.question_ids.shape[1] == 0
+    assert text.startswith("<s>user: Read the passages.") and text.endswith("Question: Who?\nAnswer:</s><s>assistant: ")
+    assert len(tokenizer.encode(text, add_special_tokens=False)) < 120 + 30
+
+    raw = build_prompt(Example("trec", "y", "Where?", "ctx " * 5, ["Location"], ["Location"]),
+                       TaskConfig(PROMPTS["trec"], 4), tokenizer, 10_000, False)  # fmt: skip
+    assert torch.equal(raw.question_ids, torch.tensor([tokenizer.encode("\nWhere?")])), "no chat template for trec"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--tasks", "nosuchtask"], "unknown LongBench task(s) ['nosuchtask']; known tasks: narrativeqa"),
+        (["--presses", "nosuchpress"], "unknown press(es) ['nosuchpress']; known presses: full, snapkv"),
+        (["--ratios", "1.0"], "compression ratio 1.0 is outside [0, 1)"),
+        (["--ratios", "-0.2"], "compression ratio -0.2 is outside [0, 1)"),
+        (["--budgets", "0"], "token budget 0 must be a whole number of tokens > 0"),
+        (["--data-dir", "/nonexistent/longbench"], "LongBench data dir /nonexistent/longbench is missing"),
+        (["--tasks", "qasper"], "qasper.jsonl not found; this data dir holds the tasks ['hotpotqa', 'trec']"),
+        (["--model", "/nonexistent/model"], "cannot load model '/nonexistent/model'"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(model_dir, data_dir, tmp_path, capsys, arguments, message):
+    base = {"--model": str(model_dir), "--data-dir": str(data_dir), "--tasks": "hotpotqa", "--n": "1"}
+    for flag, value in zip(arguments[::2], arguments[1::2], strict=True):
+        base[flag] = value
+    if "qasper" in arguments:
+        (data_dir / "config" / "dataset2prompt.json").write_text(json.dumps({**PROMPTS, "qasper": "{context}{input}"}))
+        (data_dir / "config" / "dataset2maxlen.json").write_text(json.dumps({**MAX_NEW_TOKENS, "qasper": 4}))
+    argv = ["longbench", "--output", str(tmp_path / "out"), *[item for pair in base.items() for item in pair]]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_malformed_jsonl_line_is_reported_with_its_file_and_line(model_dir, data_dir, tmp_path, capsys):
+    path = data_dir / "hotpotqa.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], '{"input": "broken', *lines[1:]]) + "\n")
+    argv = ["longbench", "--model", str(model_dir), "--data-dir", str(data_dir), "--tasks", "hotpotqa",
+            "--n", "3", "--output", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    assert f"{path}:2: malformed JSON line" in capsys.readouterr().err
+
+
+def test_no_data_dir_and_no_hub_says_what_to_pass(tmp_path, capsys, monkeypatch):
+    def unreachable(**_: object) -> None:
+        raise ConnectionError("no network")
+
+    monkeypatch.delenv("LONGBENCH_DIR", raising=False)
+    monkeypatch.setattr("evaluation.longbench.data.hf_hub_download", unreachable)
+    monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
+    assert main(["longbench", "--output", str(tmp_path / "out"), "--n", "1"]) == 2
+    error = capsys.readouterr().err
+    assert "no LongBench data: no --data-dir or LONGBENCH_DIR was given, and downloading THUDM/LongBench" in error
+    assert "ConnectionError: no network" in error and "Pass --data-dir" in error
