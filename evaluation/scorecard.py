@@ -1,4 +1,4 @@
-"""Scorecards: per-condition tables (csv and markdown) and a score-against-budget plot per condition.
+"""Scorecards: per-condition tables (csv and markdown) and plots.
 
 A scorecard is a list of ``Entry`` (condition, budget, press, score, n). The protocol decides what a
 condition is (a LongBench task, a LoCoMo category) and how a cell's score is computed from its rows.
@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from evaluation.press_registry import FULL_CACHE
 
 AVERAGE = "average"
+MARKERS = "osD^vPX*"
 
 
 @dataclass(frozen=True)
@@ -40,19 +41,17 @@ def with_average(entries: list[Entry], conditions: list[str]) -> list[Entry]:
     return entries + averaged
 
 
-def write_scorecard(
-    output: Path, entries: list[Entry], presses: list[str], budgets: list[str], title: str, metric: str
+def write_tables(
+    output: Path, entries: list[Entry], presses: list[str], budgets: list[str], title: str, metric: str, digits: int = 2
 ) -> None:
-    """``scorecard.csv`` (long form), ``scorecard.md`` (condition x budget rows, press columns) and
-    ``scorecard.png`` (score against budget, one line per press, one panel per condition)."""
+    """``scorecard.csv`` (long form) and ``scorecard.md`` (condition x budget rows, press columns)."""
     conditions = list(dict.fromkeys(e.condition for e in entries))
     output.mkdir(parents=True, exist_ok=True)
     with (output / "scorecard.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["condition", "budget", "press", "score", "n"])
         writer.writerows((e.condition, e.budget, e.press, e.score, e.n) for e in entries)
-    (output / "scorecard.md").write_text(markdown_table(entries, conditions, presses, budgets, title, metric))
-    plot(output / "scorecard.png", entries, conditions, presses, budgets, metric)
+    (output / "scorecard.md").write_text(markdown_table(entries, conditions, presses, budgets, title, metric, digits))
 
 
 def lookup(entries: Iterable[Entry], condition: str, budget: str, press: str) -> Entry | None:
@@ -61,7 +60,13 @@ def lookup(entries: Iterable[Entry], condition: str, budget: str, press: str) ->
 
 
 def markdown_table(
-    entries: list[Entry], conditions: list[str], presses: list[str], budgets: list[str], title: str, metric: str
+    entries: list[Entry],
+    conditions: list[str],
+    presses: list[str],
+    budgets: list[str],
+    title: str,
+    metric: str,
+    digits: int,
 ) -> str:
     lines = [f"# {title}", "", f"{metric}; each cell: score (n). The full cache is repeated on every budget row.", ""]
     lines.append("| condition | budget | " + " | ".join(presses) + " |")
@@ -69,20 +74,20 @@ def markdown_table(
     for condition in conditions:
         for budget in budgets:
             cells = [lookup(entries, condition, budget, press) for press in presses]
-            text = [f"{e.score:.2f} ({e.n})" if e else "-" for e in cells]
+            text = [f"{e.score:.{digits}f} ({e.n})" if e else "-" for e in cells]
             lines.append(f"| {condition} | {budget} | " + " | ".join(text) + " |")
     return "\n".join(lines) + "\n"
 
 
-def plot(
-    path: Path, entries: list[Entry], conditions: list[str], presses: list[str], budgets: list[str], metric: str
-) -> None:
+def plot_by_budget(path: Path, entries: list[Entry], presses: list[str], budgets: list[str], metric: str) -> None:
+    """Score against budget, one line per press (the full cache dashed), one panel per condition."""
+    conditions = list(dict.fromkeys(e.condition for e in entries))
     columns = min(len(conditions), 3)
     rows = -(-len(conditions) // columns)
-    figure = Figure(figsize=(4.2 * columns, 3.4 * rows))
+    figure = Figure(figsize=(max(4.2 * columns, 7.5), 3.4 * rows + 0.8))
     axes = figure.subplots(rows, columns, squeeze=False)
     for axis, condition in zip(axes.flat, conditions, strict=False):
-        for press in presses:
+        for index, press in enumerate(presses):
             if press == FULL_CACHE:
                 full = lookup(entries, condition, budgets[0], press)
                 if full:
@@ -90,7 +95,7 @@ def plot(
                 continue
             points = [(i, e.score) for i, b in enumerate(budgets) if (e := lookup(entries, condition, b, press))]
             if points:
-                axis.plot(*zip(*points, strict=True), marker="o", label=press)
+                axis.plot(*zip(*points, strict=True), marker=MARKERS[index % len(MARKERS)], label=press, alpha=0.85)
         axis.set_title(condition)
         axis.set_xticks(range(len(budgets)), budgets)
         axis.set_ylabel(metric)
@@ -99,5 +104,31 @@ def plot(
         axis.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), frameon=False)
-    figure.tight_layout(rect=(0, 0.12 if len(labels) > 4 else 0.08, 1, 1))
+    figure.tight_layout(rect=(0, 0.8 / figure.get_figheight() + 0.04, 1, 1))
+    figure.savefig(path, dpi=110)
+
+
+def plot_by_turn(path: Path, rows: list[dict], presses: list[str], budgets: list[str], window: int = 10) -> None:
+    """F1 against turn index, one line per press, one panel per budget: the mean over conversations of the
+    turns in a trailing window of ``window`` turns (single turns are too noisy to read)."""
+    figure = Figure(figsize=(6.5, 3.6 * len(budgets)))
+    axes = figure.subplots(len(budgets), 1, squeeze=False)[:, 0]
+    for axis, budget in zip(axes, budgets, strict=True):
+        for press in presses:
+            chosen = [r for r in rows if r["press"] == press and r["budget_label"] in (budget, FULL_CACHE)]
+            if not chosen:
+                continue
+            turns = sorted({r["turn"] for r in chosen})
+            means = []
+            for turn in turns:
+                scores = [r["score"] for r in chosen if turn - window < r["turn"] <= turn]
+                means.append(sum(scores) / len(scores))
+            style = {"color": "black", "linestyle": "--"} if press == FULL_CACHE else {}
+            axis.plot(turns, means, label="full cache" if press == FULL_CACHE else press, **style)
+        axis.set_title(f"budget {budget}")
+        axis.set_xlabel("turn index")
+        axis.set_ylabel(f"F1 (mean of {window} turns)")
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, ncol=2)
+    figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -23,7 +23,7 @@ class ResultStore:
     def __init__(self, path: Path, key: Callable[[dict], Hashable]) -> None:
         self.path, self.key = path, key
         self.rows: list[dict] = []
-        self.keys: set[Hashable] = set()
+        self.by_key: dict[Hashable, dict] = {}
         if path.exists():
             self._load()
 
@@ -40,14 +40,17 @@ class ResultStore:
             except json.JSONDecodeError as error:
                 raise EvaluationError(f"{self.path}:{line_number}: malformed result line ({error.msg})") from error
             self.rows.append(row)
-            self.keys.add(self.key(row))
+            self.by_key[self.key(row)] = row
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self.keys
+        return key in self.by_key
+
+    def get(self, key: Hashable) -> dict | None:
+        return self.by_key.get(key)
 
     def append(self, row: dict) -> None:
         key = self.key(row)
-        if key in self.keys:
+        if key in self.by_key:
             raise ValueError(f"{self.path}: a result for {key} is already stored")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:
@@ -55,4 +58,4 @@ class ResultStore:
             handle.flush()
             os.fsync(handle.fileno())
         self.rows.append(row)
-        self.keys.add(key)
+        self.by_key[key] = row

@@ -111,15 +111,16 @@ def attention_column_sums(
     sums = torch.zeros(queries.shape[0], queries.shape[1], k_len, dtype=torch.float32, device=keys.device)
     for start in range(0, n_rows, chunk_size):
         stop = min(start + chunk_size, n_rows)
-        rows = torch.arange(k_len - n_rows + start, k_len - n_rows + stop, device=keys.device)
-        logits = torch.matmul(queries[:, :, start:stop], keys.transpose(2, 3)) * module.scaling
-        logits = logits.masked_fill(~band_mask(rows, k_len, None), float("-inf"))
+        visible = k_len - n_rows + stop  # keys after the chunk's last row are masked for all its rows: skip them
+        rows = torch.arange(visible - (stop - start), visible, device=keys.device)
+        logits = torch.matmul(queries[:, :, start:stop], keys[:, :, :visible].transpose(2, 3)) * module.scaling
+        logits = logits.masked_fill(~band_mask(rows, visible, None), float("-inf"))
         probs = nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(queries.dtype)
         if lag is not None:
-            probs = probs * band_mask(rows, k_len, lag).to(probs.dtype)
+            probs = probs * band_mask(rows, visible, lag).to(probs.dtype)
         if row_weights is not None:
             probs = probs * row_weights[:, None, start:stop, None].to(probs.dtype)
-        sums += probs.sum(2)
+        sums[..., :visible] += probs.sum(2)
     return sums.to(keys.dtype)
 
 

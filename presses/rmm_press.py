@@ -116,8 +116,16 @@ class RMMPress(OrderedScorerPress):
         sums = attention_column_sums(
             module, hidden_states, keys, attentions, kwargs, n_rows, weights, self.lag, self.chunk_size
         )
-        # (batch, num_heads, k_len) -> mean weighted attention over the rows that could attend each key
-        scores = group_mean(sums / rows_per_key(k_len, n_rows, self.lag, keys.device).to(sums.dtype), keys.shape[1])
+        return self.demonstrated_utility(sums, n_rows, keys.shape[1])
+
+    def demonstrated_utility(self, sums: torch.Tensor, n_rows: int, num_kv_heads: int) -> torch.Tensor:
+        """The rule, from weighted column sums (batch, num_heads, k_len) over the last ``n_rows`` rows.
+
+        Each sum is divided by the number of rows that could attend its key, averaged over each KV group, and
+        the last ``lag`` positions (the provisional buffer) score +inf. Returns (batch, num_kv_heads, k_len).
+        """
+        counts = rows_per_key(sums.shape[-1], n_rows, self.lag, sums.device).to(sums.dtype)
+        scores = group_mean(sums / counts, num_kv_heads)
         if self.lag:
             scores[..., -self.lag :] = float("inf")
         return scores

@@ -99,5 +99,5 @@ def byte_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
         eos_token="</s>",
         pad_token="</s>",
         chat_template=chat_template,
-        model_max_length=2048,
+        model_max_length=4096,
     )

@@ -19,7 +19,7 @@ from evaluation.metrics.longbench import sample_score, task_score
 from evaluation.models import load_model_or_explain
 from evaluation.press_registry import FULL_CACHE, attn_implementation, check_presses, make_press
 from evaluation.run_record import RunRecord
-from evaluation.scorecard import Entry, with_average, write_scorecard
+from evaluation.scorecard import Entry, plot_by_budget, with_average, write_tables
 from evaluation.store import ResultStore
 
 CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
@@ -159,11 +159,6 @@ def longbench_entries(rows: list[dict]) -> list[Entry]:
 
 def write_longbench_scorecard(output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]) -> None:
     if rows:
-        write_scorecard(
-            output,
-            longbench_entries(rows),
-            presses,
-            [b.label for b in budgets],
-            title=f"LongBench: {output.name}",
-            metric="LongBench score (100 x mean)",
-        )
+        entries, labels, metric = longbench_entries(rows), [b.label for b in budgets], "LongBench score (100 x mean)"
+        write_tables(output, entries, presses, labels, f"LongBench: {output.name}", metric)
+        plot_by_budget(output / "scorecard.png", entries, presses, labels, metric)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import re
 import string
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from rapidfuzz import fuzz
 from rouge import Rouge
+
+from evaluation.metrics.f1 import token_f1
 
 FIRST_LINE_TASKS = frozenset({"trec", "triviaqa", "samsum", "lsht"})
 
@@ -21,15 +22,6 @@ def normalize_answer(text: str) -> str:
     text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
-
-
-def token_f1(prediction_tokens: Sequence[str], gold_tokens: Sequence[str]) -> float:
-    """F1 of the multiset overlap of two token lists."""
-    overlap = sum((Counter(prediction_tokens) & Counter(gold_tokens)).values())
-    if overlap == 0:
-        return 0.0
-    precision, recall = overlap / len(prediction_tokens), overlap / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
 
 
 def qa_f1_score(prediction: str, gold: str, **_: object) -> float:

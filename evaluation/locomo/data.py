@@ -1,0 +1,123 @@
+"""LoCoMo conversations (``locomo10.json``): from ``--data`` / ``LOCOMO_PATH``, or with the network the
+official file of the snap-research/locomo repository, downloaded once, checked and cached."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from evaluation.errors import EvaluationError
+from evaluation.models import cache_root
+
+LOCOMO_URL = "https://raw.githubusercontent.com/snap-research/locomo/main/data/locomo10.json"
+LOCOMO_SHA256 = "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff4"
+
+
+@dataclass(frozen=True)
+class Turn:
+    speaker: str
+    dia_id: str
+    text: str
+    caption: str | None
+
+
+@dataclass(frozen=True)
+class Session:
+    number: int
+    date: str
+    turns: list[Turn]
+
+
+@dataclass(frozen=True)
+class Question:
+    index: int  # position in the conversation's qa list
+    question: str
+    answer: str | int | None
+    evidence: list[str]
+    category: int
+    adversarial_answer: str | None
+
+    @property
+    def evidence_sessions(self) -> set[int]:
+        """Sessions holding the evidence turns ("D3:12" is in session 3)."""
+        return {int(match) for item in self.evidence for match in re.findall(r"D(\d+):", item)}
+
+
+@dataclass(frozen=True)
+class Conversation:
+    sample_id: str
+    speaker_a: str
+    speaker_b: str
+    sessions: list[Session]
+    questions: list[Question]
+
+
+def resolve_path(path: str | None) -> Path:
+    """The file to read: the one given, else ``$LOCOMO_PATH``, else the cached official download."""
+    given = path or os.environ.get("LOCOMO_PATH")
+    if given is not None:
+        if not Path(given).is_file():
+            raise EvaluationError(f"LoCoMo data file {given} not found: pass --data PATH/TO/locomo10.json")
+        return Path(given)
+    target = cache_root() / "data" / "locomo" / "locomo10.json"
+    if target.is_file():
+        return target
+    try:
+        with urllib.request.urlopen(LOCOMO_URL, timeout=60) as response:
+            payload = response.read()
+    except OSError as error:
+        raise EvaluationError(
+            f"no LoCoMo data: no --data or LOCOMO_PATH was given, and downloading {LOCOMO_URL} failed ({error}). "
+            "Pass --data PATH/TO/locomo10.json."
+        ) from error
+    if hashlib.sha256(payload).hexdigest() != LOCOMO_SHA256:
+        raise EvaluationError(f"the file downloaded from {LOCOMO_URL} does not have the expected sha256")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(payload)
+    return target
+
+
+def parse_conversation(raw: dict) -> Conversation:
+    conversation = raw["conversation"]
+    numbers = sorted(int(key.split("_")[1]) for key in conversation if re.fullmatch(r"session_\d+", key))
+    sessions = [
+        Session(
+            number,
+            conversation[f"session_{number}_date_time"],
+            [
+                Turn(t["speaker"], t["dia_id"], t["text"], t.get("blip_caption"))
+                for t in conversation[f"session_{number}"]
+            ],
+        )
+        for number in numbers
+    ]
+    questions = [
+        Question(
+            i, q["question"], q.get("answer"), q.get("evidence", []), int(q["category"]), q.get("adversarial_answer")
+        )
+        for i, q in enumerate(raw["qa"])
+    ]
+    return Conversation(raw["sample_id"], conversation["speaker_a"], conversation["speaker_b"], sessions, questions)
+
+
+def load_conversations(path: Path) -> list[Conversation]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise EvaluationError(f"{path}:{error.lineno}:{error.colno}: malformed JSON ({error.msg})") from error
+    if not isinstance(raw, list):
+        raise EvaluationError(f"{path}: expected a list of conversations (the locomo10.json layout)")
+    conversations = []
+    for index, item in enumerate(raw):
+        try:
+            conversations.append(parse_conversation(item))
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise EvaluationError(
+                f"{path}: conversation {index} is malformed ({type(error).__name__}: {error})"
+            ) from error
+    return conversations

@@ -1,0 +1,164 @@
+"""The growing, uncompressed history of a streaming conversation, and what each press scores it from.
+
+The history's KV cache is extended with each turn's new tokens only; it is never re-prefilled. Alongside it,
+per layer, the statistics every press needs to score the *whole* history stay up to date:
+
+- column sums of attention over all rows (H2O / ``ObservedAttentionPress``), since new rows only add to them;
+- the same sums with RMM's row weights;
+- the last ``RECENT_ROWS`` rows' layer inputs and rotary embeddings, from which SnapKV recomputes its
+  window's attention and TOVA the newest row's.
+
+``compress`` then builds, for one press at one budget, the cache a full re-prefill of the history under
+that press would have produced, by handing the press's own ``score`` these statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from kvpress import ObservedAttentionPress, ScorerPress
+from kvpress.utils import compute_n_kept
+from transformers import DynamicCache, PreTrainedModel
+
+from presses import RMMPress
+from presses.attention import attention_column_sums
+from presses.ordered_scorer_press import OrderedScorerPress, kept_indices
+from presses.teacher_forcing import teacher_forced_correctness
+
+RECENT_ROWS = 128  # > SnapKV's default observation window of 64 (it needs one more row than its window)
+
+
+@dataclass
+class LayerStatistics:
+    column_sums: torch.Tensor  # (batch, num_heads, length): sum over every row of a(t -> k)
+    weighted_sums: torch.Tensor  # (batch, num_heads, length): sum over every row of w(t) a(t -> k)
+    newest_row: torch.Tensor  # (batch, num_heads, length): the newest row's attention (to revise its weight)
+    recent_hidden: torch.Tensor  # (batch, <= RECENT_ROWS, hidden): the layer input of the newest rows
+    recent_cos: torch.Tensor  # (batch, <= RECENT_ROWS, head_dim)
+    recent_sin: torch.Tensor
+
+
+def _grow(sums: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """Zero-pad the key axis of earlier sums to the new history length."""
+    return None if sums is None else torch.nn.functional.pad(sums, (0, length - sums.shape[-1]))
+
+
+class History:
+    """One conversation's uncompressed cache plus the press statistics, extended turn by turn.
+
+    Rows of the ``teacher_forced_kinds`` take their teacher-forced correctness as RMM weight (the paper's
+    protocol: only the rows of answer tokens); every other row weighs 1.
+    """
+
+    def __init__(self, model: PreTrainedModel, teacher_forced_kinds: frozenset[str]) -> None:
+        self.model = model
+        self.teacher_forced_kinds = teacher_forced_kinds
+        self.cache = DynamicCache()
+        self.token_ids: list[int] = []
+        self.weights: list[float] = []
+        self.layers: list[LayerStatistics] = []
+        self._newest_prediction: int | None = None  # the argmax at the newest row, awaiting its next token
+        self._newest_teacher_forced = False
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @torch.no_grad()
+    def extend(self, token_ids: list[int], kind: str) -> None:
+        """Append tokens of one kind ("conversation", "question" or "answer") and update every statistic."""
+        start, attention = self.length, [layer.self_attn for layer in self.model.model.layers]
+        captured: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = {}
+
+        def capture(module, args, kwargs, output):
+            captured[module.layer_idx] = (kwargs["hidden_states"], kwargs["position_embeddings"])
+
+        hooks = [module.register_forward_hook(capture, with_kwargs=True) for module in attention]
+        try:
+            ids = torch.tensor([token_ids], device=self.model.device)
+            positions = torch.arange(start, start + len(token_ids), device=self.model.device).unsqueeze(0)
+            hidden = self.model.model(input_ids=ids, past_key_values=self.cache, position_ids=positions)[0]
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+        # Row t's weight is its teacher-forced correctness (does its argmax equal token t + 1?) for the
+        # teacher-forced kinds, else 1; the newest row's next token is unknown until the next extension.
+        teacher_forced = kind in self.teacher_forced_kinds
+        correct = teacher_forced_correctness(self.model.get_output_embeddings(), hidden, ids)[0].tolist()
+        new_weights = correct if teacher_forced else [1.0] * len(token_ids)
+        revise = self._newest_teacher_forced and self._newest_prediction != token_ids[0]
+        if revise:
+            self.weights[-1] = 0.0
+        self._newest_prediction = int(self.model.get_output_embeddings()(hidden[:, -1]).argmax())
+        self._newest_teacher_forced = teacher_forced
+        self.token_ids += token_ids
+        self.weights += new_weights
+        row_weights = torch.tensor([new_weights], device=self.model.device)
+
+        for index, module in enumerate(attention):
+            layer_input, (cos, sin) = captured[index]
+            keys = self.cache.layers[index].keys
+            kwargs = {"position_embeddings": (cos, sin)}
+            sums = attention_column_sums(module, layer_input, keys, None, kwargs).float()
+            weighted = (
+                sums
+                if all(w == 1.0 for w in new_weights)
+                else attention_column_sums(module, layer_input, keys, None, kwargs, row_weights=row_weights).float()
+            )
+            newest = attention_column_sums(module, layer_input, keys, None, kwargs, n_rows=1).float()
+            if index < len(self.layers):
+                previous = self.layers[index]
+                sums = sums + _grow(previous.column_sums, self.length)
+                weighted = weighted + _grow(previous.weighted_sums, self.length)
+                if revise:
+                    weighted = weighted - _grow(previous.newest_row, self.length)
+                layer_input = torch.cat([previous.recent_hidden, layer_input], dim=1)
+                cos, sin = torch.cat([previous.recent_cos, cos], dim=1), torch.cat([previous.recent_sin, sin], dim=1)
+            statistics = LayerStatistics(
+                sums, weighted, newest, layer_input[:, -RECENT_ROWS:], cos[:, -RECENT_ROWS:], sin[:, -RECENT_ROWS:]
+            )
+            if index < len(self.layers):
+                self.layers[index] = statistics
+            else:
+                self.layers.append(statistics)
+
+    def scores(self, press: ScorerPress, layer: int) -> torch.Tensor:
+        """The press's own scores over the whole history, (batch, num_kv_heads, length)."""
+        module = self.model.model.layers[layer].self_attn
+        statistics = self.layers[layer]
+        keys, values = self.cache.layers[layer].keys, self.cache.layers[layer].values
+        if isinstance(press, RMMPress):
+            return press.demonstrated_utility(statistics.weighted_sums.to(keys.dtype), self.length, keys.shape[1])
+        if isinstance(press, ObservedAttentionPress):
+            # its score reads only attentions.sum(2): the running column sums stand for the full matrix
+            return press.score(module, None, keys, values, statistics.column_sums.to(keys.dtype).unsqueeze(2), {})
+        kwargs = {"position_embeddings": (statistics.recent_cos, statistics.recent_sin)}
+        return press.score(module, statistics.recent_hidden, keys, values, None, kwargs)
+
+    def compress(self, press: ScorerPress | None) -> tuple[DynamicCache, list[torch.Tensor]]:
+        """A compressed copy for answering (the full cache itself when ``press`` is None), and the kept indices
+        per layer. The press keeps its own selection rule; kept keys keep their original positions."""
+        if press is None or press.compression_ratio == 0:
+            indices = [torch.arange(self.length).expand(1, layer.keys.shape[1], -1) for layer in self.cache.layers]
+            return self.cache, indices
+        compressed, kept_per_layer = DynamicCache(), []
+        for layer in range(len(self.cache.layers)):
+            keys, values = self.cache.layers[layer].keys, self.cache.layers[layer].values
+            scores = self.scores(press, layer)
+            n_kept = compute_n_kept(self.length, press.compression_ratio)
+            # each press keeps its own selection rule: ours in position order, KVPress's ScorerPress by topk
+            if isinstance(press, OrderedScorerPress):
+                kept = kept_indices(scores, n_kept)
+            else:
+                kept = scores.topk(n_kept, dim=-1).indices
+            gather = kept.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+            compressed.update(keys.gather(2, gather).contiguous(), values.gather(2, gather).contiguous(), layer)
+            kept_per_layer.append(kept)
+        return compressed, kept_per_layer
+
+    def release(self, cache: DynamicCache) -> None:
+        """Undo what answering appended to the full cache (the compressed copies are simply dropped)."""
+        if cache is self.cache:
+            self.cache.crop(self.length)

@@ -1,0 +1,69 @@
+"""The incremental history equals a naive full re-prefill of the history under each press, turn after turn."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evaluation.budgets import Budget
+from evaluation.generation import decode
+from evaluation.locomo.history import History
+from evaluation.press_registry import PRESSES, make_press
+from tests.helpers import kept_positions, prefill, tiny_model
+
+TURNS = [("question", 9), ("answer", 5), ("question", 7), ("answer", 6), ("question", 8), ("answer", 4)]
+
+
+def naive_weights(model, ids: torch.Tensor, kinds: list[str]) -> torch.Tensor:
+    """RMM's row weights from one full forward: teacher-forced on answer rows, 1 elsewhere and on the last row."""
+    with torch.no_grad():
+        predicted = model(input_ids=ids).logits.argmax(-1)[0]
+    correct = torch.cat([(predicted[:-1] == ids[0, 1:]).float(), torch.ones(1)])
+    return torch.where(torch.tensor([kind == "answer" for kind in kinds]), correct, torch.ones_like(correct))
+
+
+@pytest.mark.parametrize("name", list(PRESSES))
+def test_incremental_kept_sets_and_answers_equal_a_naive_re_prefill(arch, name):
+    generator = torch.Generator().manual_seed(7)
+    model = tiny_model(arch, "eager" if PRESSES[name].needs_eager else "sdpa")
+    history = History(model, teacher_forced_kinds=frozenset({"answer"}))
+    chunks = [("conversation", torch.randint(3, 256, (90,), generator=generator).tolist())]
+    chunks += [(kind, torch.randint(3, 256, (size,), generator=generator).tolist()) for kind, size in TURNS]
+    history.extend(chunks[0][1], chunks[0][0])
+    kinds = [chunks[0][0]] * len(chunks[0][1])
+    for kind, tokens in chunks[1:]:
+        history.extend(tokens, kind)
+        kinds += [kind] * len(tokens)
+        ids = torch.tensor([history.token_ids])
+        ratio = Budget("tokens", 40).compression_ratio(history.length)
+        press = make_press(name, ratio)
+        if name == "rmm":
+            weights = naive_weights(model, ids, kinds)
+            assert history.weights == weights.tolist()
+            naive_press = make_press(name, ratio)
+            naive_press.correctness = weights.unsqueeze(0)
+        else:
+            naive_press = make_press(name, ratio)
+        cache, kept = history.compress(press)
+        naive = kept_positions(model, ids, naive_press)
+        assert [k.shape[-1] for k in kept] == [40, 40]
+        for ours, theirs in zip(kept, naive, strict=True):
+            assert torch.equal(ours.sort(-1).values, theirs.sort(-1).values), f"{name} after {len(ids[0])} tokens"
+
+        question = torch.tensor([tokens[:3]])
+        answer = decode(model, cache, question, history.length, 5, set())
+        naive_cache = prefill(model, ids, naive_press)
+        assert answer == decode(model, naive_cache, question, history.length, 5, set())
+        history.release(cache)
+        assert history.cache.get_seq_length() == history.length
+
+
+def test_first_turn_rmm_keeps_what_h2o_keeps():
+    """With no earlier answers every row weighs 1: the first turn is out of RMM's regime."""
+    model = tiny_model("llama", "sdpa")
+    history = History(model, teacher_forced_kinds=frozenset({"answer"}))
+    history.extend(torch.randint(3, 256, (120,), generator=torch.Generator().manual_seed(2)).tolist(), "conversation")
+    ratio = Budget("tokens", 50).compression_ratio(history.length)
+    _, rmm = history.compress(make_press("rmm", ratio))
+    _, h2o = history.compress(make_press("h2o", ratio))
+    assert all(torch.equal(a.sort(-1).values, b.sort(-1).values) for a, b in zip(rmm, h2o, strict=True))

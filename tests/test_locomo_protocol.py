@@ -1,0 +1,188 @@
+"""LoCoMo: rendering, the official scoring rules, the streaming runner end to end, resume, and errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evaluation.cli import main
+from evaluation.locomo.data import parse_conversation
+from evaluation.locomo.render import choice_options, question_prompt, render_conversation, resolve_choice
+from evaluation.metrics.locomo import multi_hop_f1, normalize_answer, score, stemmed_f1
+from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
+
+CONVERSATION = {
+    "sample_id": "conv-test",
+    "conversation": {
+        "speaker_a": "Ana",
+        "speaker_b": "Ben",
+        "session_1_date_time": "1:00 pm on 8 May, 2023",
+        "session_1": [
+            {"speaker": "Ana", "dia_id": "D1:1", "text": "I adopted a cat named Miso."},
+            {"speaker": "Ben", "dia_id": "D1:2", "text": "Lovely!", "blip_caption": "a photo of a dog"},
+        ],
+        "session_2_date_time": "9:30 am on 20 May, 2023",
+        "session_2": [
+            {"speaker": "Ben", "dia_id": "D2:1", "text": "I ran a marathon in Lisbon."},
+            {"speaker": "Ana", "dia_id": "D2:2", "text": "Congratulations, that is far."},
+        ],
+        "session_3_date_time": "never held",
+    },
+    "qa": [
+        {"question": "What is the cat called?", "answer": "Miso", "evidence": ["D1:1"], "category": 4},
+        {"question": "When did Ben run?", "answer": "May 2023", "evidence": ["D2:1"], "category": 2},
+        {"question": "What did Ben adopt?", "evidence": ["D1:2"], "category": 5, "adversarial_answer": "a cat"},
+        {"question": "Which pets and places?", "answer": 2, "evidence": ["D1:1", "D2:1"], "category": 1},
+    ],
+}
+
+
+def test_rendering_of_a_two_session_conversation():
+    conversation = parse_conversation(CONVERSATION)
+    assert [s.number for s in conversation.sessions] == [1, 2], "a date without a session is no session"
+    text = render_conversation(conversation, conversation.sessions)
+    assert text.startswith("Below is a conversation between Ana and Ben.")
+    assert (
+        "DATE: 1:00 pm on 8 May, 2023\nCONVERSATION:\n"
+        'Ana said, "I adopted a cat named Miso."\n'
+        'Ben said, "Lovely!" and shared a photo of a dog.\n\n'
+        "DATE: 9:30 am on 20 May, 2023\nCONVERSATION:\n"
+        'Ben said, "I ran a marathon in Lisbon."\n'
+    ) in text
+    temporal = question_prompt(conversation, conversation.questions[1])
+    assert temporal.endswith("Question: When did Ben run? Use the DATE of the conversation to answer with an "
+                             "approximate date. Short answer:")  # fmt: skip
+    adversarial = question_prompt(conversation, conversation.questions[2])
+    first, second = choice_options(conversation, conversation.questions[2])
+    assert {first, second} == {"a cat", "Not mentioned in the conversation"}
+    assert f"Select the correct answer: (a) {first} (b) {second}." in adversarial
+    assert choice_options(conversation, conversation.questions[2]) == [first, second], "seeded order"
+    assert resolve_choice("(b)", [first, second]) == second and resolve_choice("a) yes", [first, second]) == first
+    assert resolve_choice("Not mentioned", [first, second]) == "Not mentioned"
+
+
+def test_scoring_rules():
+    assert normalize_answer("The cat, and a Dog!") == "cat dog"
+    assert stemmed_f1("running dogs", "the dog runs") == 1.0, "Porter stemming"
+    assert score(4, "Paris", "Paris, France") == pytest.approx(2 / 3)
+    assert multi_hop_f1("Paris, Rome", "Rome, Paris, Oslo") == pytest.approx(2 / 3), "comma parts, best match each"
+    assert score(1, "Paris, Rome", "Rome, Paris, Oslo") == pytest.approx(2 / 3)
+    assert score(3, "likely psychology", "psychology; counseling") == pytest.approx(2 / 3), "cut at the first ';'"
+    assert score(2, "7 May 2023", "7 May 2023") == 1.0
+    assert score(4, "2", 2) == 1.0, "integer answers are compared as strings"
+    assert score(5, "Not mentioned in the conversation", None) == 1.0
+    assert score(5, "No information available.", "x") == 1.0
+    assert score(5, "a cat", None) == 0.0
+
+
+def test_rescoring_command(tmp_path, capsys):
+    rows = [
+        {"category": 4, "prediction": "Paris", "answer": "Paris"},
+        {"category": 5, "prediction": "a cat", "answer": None},
+        {"category": 4, "prediction": "Rome", "answer": "Paris"},
+        {"category": 2, "prediction": "2023", "answer": 2023},
+    ]
+    path = tmp_path / "locomo.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["score", "locomo", str(path), "--per-row"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "2": 1.0,
+        "4": 0.5,
+        "5": 0.0,
+        "overall": 0.5,
+        "rows": [1.0, 0.0, 0.0, 1.0],
+    }
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-qwen2")
+    model = tiny_model("qwen2", "sdpa")
+    model.config.max_position_embeddings = 4096  # room for the byte-level history (a token per character)
+    model.generation_config.eos_token_id = 2
+    model.save_pretrained(folder)
+    byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def data_file(tmp_path) -> Path:
+    path = tmp_path / "locomo10.json"
+    path.write_text(json.dumps([CONVERSATION]))
+    return path
+
+
+def locomo(model_dir: Path, data: Path, output: Path, *extra: str) -> int:
+    presses = ["full", "h2o", "rmm", "tova", "snapkv"]
+    argv = ["locomo", "--model", str(model_dir), "--data", str(data), "--output", str(output),
+            "--presses", *presses, "--budgets", "200", "--max-new-tokens", "4"]  # fmt: skip
+    return main([*argv, *extra])
+
+
+def test_stream_runs_resumes_and_writes_the_scorecard(model_dir, data_file, tmp_path):
+    output = tmp_path / "run"
+    assert locomo(model_dir, data_file, output) == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * 5
+    assert [r["turn"] for r in rows if r["press"] == "rmm"] == [0, 1, 2, 3]
+    for row in rows:
+        assert row["kept_tokens"] == (row["history_tokens"] if row["press"] == "full" else 200)
+    histories = [r["history_tokens"] for r in rows if r["press"] == "full"]
+    assert histories == sorted(histories) and len(set(histories)) == 4, "the history grows every turn"
+    first_turn = {r["press"]: r["prediction"] for r in rows if r["turn"] == 0}
+    assert first_turn["rmm"] == first_turn["h2o"], "out of regime on the first turn: RMM is H2O"
+    scorecard = (output / "scorecard.md").read_text()
+    for condition in ("overall", "first turn", "later turns", "answerable", "single-hop (4)", "adversarial (5)"):
+        assert f"| {condition} | 200 tokens |" in scorecard
+    assert (output / "scorecard.png").stat().st_size > 0
+
+    lines = (output / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (output / "predictions.jsonl").write_text("".join(lines[:-7]) + lines[-7][:25])
+    assert locomo(model_dir, data_file, output) == 0
+    resumed = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert [r["prediction"] for r in resumed] == [r["prediction"] for r in rows]
+    assert json.loads((output / "run.json").read_text())["sessions"][-1]["cells_run"] == 7
+
+
+def test_dropped_sessions_make_questions_unanswerable(model_dir, data_file, tmp_path):
+    output = tmp_path / "short"
+    assert locomo(model_dir, data_file, output, "--max-history-tokens", "300", "--presses", "full") == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert [r["answerable"] for r in rows] == [False, True, False, False]
+
+
+def test_model_history_mode_streams_each_cell_separately(model_dir, data_file, tmp_path):
+    output = tmp_path / "model"
+    assert locomo(model_dir, data_file, output, "--history", "model", "--presses", "tova", "--max-turns", "2") == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["history_mode"] == "model" for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--budgets", "0"], "token budget 0 must be a whole number of tokens > 0"),
+        (["--budgets", "100000"], "budget 100000 is not smaller than the history of conv-test"),
+        (["--presses", "nosuch"], "unknown press(es) ['nosuch']"),
+        (["--conversations", "conv-99"], "unknown conversation(s) ['conv-99']; the data holds conv-test"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(model_dir, data_file, tmp_path, capsys, extra, message):
+    assert locomo(model_dir, data_file, tmp_path / "out", *extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_or_malformed_data_file(model_dir, tmp_path, capsys):
+    assert locomo(model_dir, tmp_path / "absent.json", tmp_path / "out") == 2
+    assert f"LoCoMo data file {tmp_path / 'absent.json'} not found: pass --data" in capsys.readouterr().err
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"sample_id": "x",')
+    assert locomo(model_dir, broken, tmp_path / "out") == 2
+    error = capsys.readouterr().err
+    assert f"{broken}:1:" in error and "malformed JSON" in error
+    incomplete = tmp_path / "incomplete.json"
+    incomplete.write_text(json.dumps([{"sample_id": "x", "qa": []}]))
+    assert locomo(model_dir, incomplete, tmp_path / "out") == 2
+    assert f"{incomplete}: conversation 0 is malformed (KeyError" in capsys.readouterr().err
