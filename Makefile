@@ -29,6 +29,6 @@ lint: setup
 eval-longbench: setup
 	$(PY) -m evaluation longbench --data-dir $(LONGBENCH_DIR) --n 1
 
-# The LoCoMo default: SmolLM2 streaming the first conversation, every press at 1800 tokens (CPU-sized).
+# The LoCoMo default: SmolLM2 streaming two conversations, 25 questions each, every press at 1800 tokens.
 eval-locomo: setup
-	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --conversations conv-26 --max-turns 60
+	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --conversations conv-26 conv-30 --max-turns 25

@@ -134,6 +134,26 @@ def score_locomo(rows: list[dict], per_row: bool) -> dict:
     return result
 
 
+def run_longbench(args: argparse.Namespace) -> Path:
+    from evaluation.longbench.runner import LongBenchConfig, run
+
+    ratios = DEFAULT_RATIOS if args.ratios is None and args.budgets is None else args.ratios
+    return run(
+        LongBenchConfig(
+            model=args.model,
+            tasks=args.tasks,
+            presses=args.presses,
+            budgets=parse_budgets(ratios, args.budgets),
+            n=args.n,
+            query_aware=args.query_aware,
+            data_dir=args.data_dir,
+            output=args.output or Path("results") / "longbench" / Path(args.model).name,
+            device=args.device,
+            max_length=args.max_length,
+        )
+    )
+
+
 def run_locomo(args: argparse.Namespace) -> Path:
     from evaluation.locomo.runner import LoCoMoConfig, run
 
@@ -164,22 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "longbench":
-            from evaluation.longbench.runner import LongBenchConfig, run
-
-            ratios = DEFAULT_RATIOS if args.ratios is None and args.budgets is None else args.ratios
-            config = LongBenchConfig(
-                model=args.model,
-                tasks=args.tasks,
-                presses=args.presses,
-                budgets=parse_budgets(ratios, args.budgets),
-                n=args.n,
-                query_aware=args.query_aware,
-                data_dir=args.data_dir,
-                output=args.output or Path("results") / "longbench" / Path(args.model).name,
-                device=args.device,
-                max_length=args.max_length,
-            )
-            print(f"scorecard: {run(config) / 'scorecard.md'}")
+            print(f"scorecard: {run_longbench(args) / 'scorecard.md'}")
         elif args.command == "locomo":
             print(f"scorecard: {run_locomo(args) / 'scorecard.md'}")
         elif args.benchmark == "longbench":

@@ -25,17 +25,19 @@ TINY = {
 }
 
 
-def tiny_model(arch: str, attn_implementation: str) -> PreTrainedModel:
+def tiny_model(
+    arch: str, attn_implementation: str, hidden_size: int = 64, vocab_size: int = 256, context: int = 1024
+) -> PreTrainedModel:
     """A 2-layer random model with grouped-query attention (4 query heads, 2 KV heads), same weights per seed."""
     config_class, model_class = TINY[arch]
     config = config_class(
-        vocab_size=256,
-        hidden_size=64,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        max_position_embeddings=context,
         eos_token_id=2,
         pad_token_id=2,
         bos_token_id=1,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from kvpress import (
     AdaKVPress,
     ComposedPress,
@@ -17,7 +16,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from presses import RMMPress, TOVAPress
-from tests.helpers import TINY, byte_tokenizer
+from tests.helpers import byte_tokenizer, tiny_model
 
 CONTEXT = "The lighthouse keeper counted ships every night and wrote their names in a blue ledger. " * 3
 QUESTIONS = ["Who counted ships?", "Where were the names written?", "When did he count?"]
@@ -42,22 +41,7 @@ AttentionMaskInterface.register(PER_LAYER_SDPA, sdpa_mask)
 
 
 def make_generator(arch: str, hidden_size: int = 64, attn_implementation: str = "sdpa"):
-    config_class, model_class = TINY[arch]
-    config = config_class(
-        vocab_size=260,
-        hidden_size=hidden_size,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        eos_token_id=2,
-        bos_token_id=1,
-        pad_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = model_class(config).eval()
-    model.set_attn_implementation(attn_implementation)
+    model = tiny_model(arch, attn_implementation, hidden_size=hidden_size, vocab_size=260, context=2048)
     return pipeline("kv-press-text-generation", model=model, tokenizer=byte_tokenizer(), device="cpu")
 
 

@@ -99,8 +99,7 @@ def test_rescoring_command(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-qwen2")
-    model = tiny_model("qwen2", "sdpa")
-    model.config.max_position_embeddings = 4096  # room for the byte-level history (a token per character)
+    model = tiny_model("qwen2", "sdpa", context=4096)  # room for the byte-level history (a token per character)
     model.generation_config.eos_token_id = 2
     model.save_pretrained(folder)
     byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
