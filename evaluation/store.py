@@ -59,3 +59,17 @@ class ResultStore:
             os.fsync(handle.fileno())
         self.rows.append(row)
         self.by_key[key] = row
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Every row of a JSONL file, read-only; a malformed line is reported with its file and line number."""
+    if not path.is_file():
+        raise EvaluationError(f"{path} not found")
+    rows = []
+    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise EvaluationError(f"{path}:{line_number}: malformed JSON line ({error.msg})") from error
+    return rows

@@ -67,3 +67,26 @@ def test_first_turn_rmm_keeps_what_h2o_keeps():
     _, rmm = history.compress(make_press("rmm", ratio))
     _, h2o = history.compress(make_press("h2o", ratio))
     assert all(torch.equal(a.sort(-1).values, b.sort(-1).values) for a, b in zip(rmm, h2o, strict=True))
+
+
+def test_every_row_teacher_forced_including_rows_at_chunk_boundaries():
+    """``--rmm-weights all``: a chunk's last row learns its next token only from the next chunk; its weight and
+    its share of the weighted sums are revised then, matching one full forward over the whole history."""
+    model = tiny_model("qwen2", "sdpa")
+    everything = frozenset({"conversation", "question", "answer"})
+    history = History(model, teacher_forced_kinds=everything)
+    generator = torch.Generator().manual_seed(11)
+    for kind, size in [("conversation", 70), *TURNS]:
+        history.extend(torch.randint(3, 256, (size,), generator=generator).tolist(), kind)
+    ids = torch.tensor([history.token_ids])
+    with torch.no_grad():
+        predicted = model(input_ids=ids).logits.argmax(-1)[0]
+    expected = torch.cat([(predicted[:-1] == ids[0, 1:]).float(), torch.ones(1)])
+    assert history.weights == expected.tolist()
+    assert 0 < expected.mean() < 1
+    ratio = Budget("tokens", 40).compression_ratio(history.length)
+    naive_press = make_press("rmm", ratio)
+    naive_press.correctness = expected.unsqueeze(0)
+    _, kept = history.compress(make_press("rmm", ratio))
+    for ours, theirs in zip(kept, kept_positions(model, ids, naive_press), strict=True):
+        assert torch.equal(ours.sort(-1).values, theirs.sort(-1).values)

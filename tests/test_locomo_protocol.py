@@ -52,8 +52,9 @@ def test_rendering_of_a_two_session_conversation():
         'Ben said, "I ran a marathon in Lisbon."\n'
     ) in text
     temporal = question_prompt(conversation, conversation.questions[1])
-    assert temporal.endswith("Question: When did Ben run? Use the DATE of the conversation to answer with an "
-                             "approximate date. Short answer:")  # fmt: skip
+    assert temporal.endswith(
+        "Question: When did Ben run? Use the DATE of the conversation to answer with an approximate date. Short answer:"
+    )
     adversarial = question_prompt(conversation, conversation.questions[2])
     first, second = choice_options(conversation, conversation.questions[2])
     assert {first, second} == {"a cat", "Not mentioned in the conversation"}
@@ -115,8 +116,21 @@ def data_file(tmp_path) -> Path:
 
 def locomo(model_dir: Path, data: Path, output: Path, *extra: str) -> int:
     presses = ["full", "h2o", "rmm", "tova", "snapkv"]
-    argv = ["locomo", "--model", str(model_dir), "--data", str(data), "--output", str(output),
-            "--presses", *presses, "--budgets", "200", "--max-new-tokens", "4"]  # fmt: skip
+    argv = [
+        "locomo",
+        "--model",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--output",
+        str(output),
+        "--presses",
+        *presses,
+        "--budgets",
+        "200",
+        "--max-new-tokens",
+        "4",
+    ]
     return main([*argv, *extra])
 
 

@@ -136,10 +136,47 @@ def test_query_aware_compresses_the_whole_prompt(model_dir, data_dir, tmp_path):
 
 def test_resuming_with_other_settings_is_refused(model_dir, data_dir, tmp_path, capsys):
     output = tmp_path / "run"
-    assert main(["longbench", "--model", str(model_dir), "--data-dir", str(data_dir), "--tasks", "trec",
-                 "--presses", "full", "--n", "1", "--output", str(output)]) == 0  # fmt: skip
-    assert main(["longbench", "--model", str(model_dir), "--data-dir", str(data_dir), "--tasks", "trec",
-                 "--presses", "full", "--n", "1", "--output", str(output), "--query-aware"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "longbench",
+                "--model",
+                str(model_dir),
+                "--data-dir",
+                str(data_dir),
+                "--tasks",
+                "trec",
+                "--presses",
+                "full",
+                "--n",
+                "1",
+                "--output",
+                str(output),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "longbench",
+                "--model",
+                str(model_dir),
+                "--data-dir",
+                str(data_dir),
+                "--tasks",
+                "trec",
+                "--presses",
+                "full",
+                "--n",
+                "1",
+                "--output",
+                str(output),
+                "--query-aware",
+            ]
+        )
+        == 2
+    )
     assert "query_aware: stored False, asked True" in capsys.readouterr().err
 
 
@@ -160,8 +197,13 @@ def test_prompt_split_and_middle_truncation():
     assert text.startswith("<s>user: Read the passages.") and text.endswith("Question: Who?\nAnswer:</s><s>assistant: ")
     assert len(tokenizer.encode(text, add_special_tokens=False)) < 120 + 30
 
-    raw = build_prompt(Example("trec", "y", "Where?", "ctx " * 5, ["Location"], ["Location"]),
-                       TaskConfig(PROMPTS["trec"], 4), tokenizer, 10_000, False)  # fmt: skip
+    raw = build_prompt(
+        Example("trec", "y", "Where?", "ctx " * 5, ["Location"], ["Location"]),
+        TaskConfig(PROMPTS["trec"], 4),
+        tokenizer,
+        10_000,
+        False,
+    )
     assert torch.equal(raw.question_ids, torch.tensor([tokenizer.encode("\nWhere?")])), "no chat template for trec"
 
 
@@ -194,8 +236,19 @@ def test_a_malformed_jsonl_line_is_reported_with_its_file_and_line(model_dir, da
     path = data_dir / "hotpotqa.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], '{"input": "broken', *lines[1:]]) + "\n")
-    argv = ["longbench", "--model", str(model_dir), "--data-dir", str(data_dir), "--tasks", "hotpotqa",
-            "--n", "3", "--output", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "longbench",
+        "--model",
+        str(model_dir),
+        "--data-dir",
+        str(data_dir),
+        "--tasks",
+        "hotpotqa",
+        "--n",
+        "3",
+        "--output",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 2
     assert f"{path}:2: malformed JSON line" in capsys.readouterr().err
 

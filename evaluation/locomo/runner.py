@@ -4,6 +4,7 @@ budget with each press's own score, answer from the compressed copy, then append
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from evaluation.metrics.locomo import CATEGORIES, PAPER_ORDER, score
 from evaluation.models import load_model_or_explain
 from evaluation.press_registry import FULL_CACHE, check_presses, make_press
 from evaluation.run_record import RunRecord
-from evaluation.scorecard import Entry, plot_by_turn, write_tables
+from evaluation.scorecard import Entry, entries_from_rows, plot_by_turn, write_tables
 from evaluation.store import ResultStore
 
 TEACHER_FORCED_KINDS = {"answers": frozenset({"answer"}), "all": frozenset({"conversation", "question", "answer"})}
@@ -73,7 +74,9 @@ def select_conversations(conversations: list[Conversation], wanted: list[str] | 
     return [known[name] for name in wanted]
 
 
-def fit_sessions(framing_for, conversation: Conversation, limit: int) -> list[Session]:
+def fit_sessions(
+    framing_for: Callable[[list[Session]], Framing], conversation: Conversation, limit: int
+) -> list[Session]:
     """The newest sessions whose rendered conversation fits in ``limit`` tokens (the oldest are dropped)."""
     for first in range(len(conversation.sessions)):
         sessions = conversation.sessions[first:]
@@ -91,18 +94,16 @@ class ConversationRun:
         self.cells: list[Cell] = [(FULL_CACHE, None)] if FULL_CACHE in config.presses else []
         self.cells += [(p, b) for p in config.presses if p != FULL_CACHE for b in config.budgets]
 
-    def history_limit(self, framing: Framing, questions: list[Question]) -> int:
+    def history_limit(self, conversation: Conversation, framing: Framing, questions: list[Question]) -> int:
+        """``--max-history-tokens``, else the model's context less room for every asked question and answer."""
         if self.config.max_history_tokens is not None:
             return self.config.max_history_tokens
         context = min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
-        room = sum(
-            len(framing.question_ids([], question_prompt_text)) + len(framing.answer_ids([], question_prompt_text, a))
-            for question_prompt_text, a in self.turn_texts(questions)
-        )
-        return context - room - self.config.max_new_tokens * (len(questions) + 1)
-
-    def turn_texts(self, questions: list[Question]) -> list[tuple[str, str]]:
-        return [(question_prompt(self.conversation, q), gold_answer(q)) for q in questions]
+        room = self.config.max_new_tokens * (len(questions) + 1)
+        for question in questions:
+            prompt = question_prompt(conversation, question)
+            room += len(framing.question_ids([], prompt)) + len(framing.answer_ids([], prompt, gold_answer(question)))
+        return context - room
 
     def run(self, conversation: Conversation, store: ResultStore, bar: tqdm) -> int:
         self.conversation = conversation
@@ -111,9 +112,8 @@ class ConversationRun:
         def framing_for(sessions: list[Session]) -> Framing:
             return Framing(self.tokenizer, render_conversation(conversation, sessions))
 
-        sessions = fit_sessions(
-            framing_for, conversation, self.history_limit(framing_for(conversation.sessions), questions)
-        )
+        limit = self.history_limit(conversation, framing_for(conversation.sessions), questions)
+        sessions = fit_sessions(framing_for, conversation, limit)
         framing = framing_for(sessions)
         kept_sessions = {session.number for session in sessions}
         conversation_ids = framing.conversation_ids()
@@ -125,8 +125,8 @@ class ConversationRun:
                 )
         shared = self.config.history == "gold"
         kinds = TEACHER_FORCED_KINDS[self.config.rmm_weights]
-        histories: dict[Cell, History] = {}
-        turns: dict[Cell, list[tuple[str, str]]] = {}
+        histories: dict[Cell | None, History] = {}  # one stream (key None) in gold mode, else one per cell
+        turns: dict[Cell | None, list[tuple[str, str]]] = {}
         for cell in [None] if shared else self.cells:
             histories[cell] = History(self.model, kinds)
             histories[cell].extend(conversation_ids, "conversation")
@@ -135,25 +135,34 @@ class ConversationRun:
         for turn, question in enumerate(questions):
             prompt = question_prompt(conversation, question)
             answerable = bool(question.evidence_sessions) and question.evidence_sessions <= kept_sessions
+            question_ids = {stream: framing.question_ids(turns[stream], prompt) for stream in histories}
             for cell in self.cells:
                 stream = None if shared else cell
-                history = histories[stream]
-                question_ids = framing.question_ids(turns[stream], prompt)
                 row = store.get(cell_key(conversation, question, cell))
                 if row is None:
-                    row = self.answer(history, question_ids, question, cell, turn, answerable)
+                    row = self.answer(histories[stream], question_ids[stream], question, cell, turn, answerable)
                     store.append(row)
                     ran += 1
                     bar.update()
                 if not shared:
-                    self.append_turn(framing, history, turns[stream], prompt, question_ids, row["prediction"])
+                    self.append_turn(
+                        framing, histories[stream], turns[stream], prompt, question_ids[stream], row["prediction"]
+                    )
             if shared:
-                question_ids = framing.question_ids(turns[None], prompt)
-                self.append_turn(framing, histories[None], turns[None], prompt, question_ids, gold_answer(question))
+                self.append_turn(
+                    framing, histories[None], turns[None], prompt, question_ids[None], gold_answer(question)
+                )
         return ran
 
     @staticmethod
-    def append_turn(framing, history: History, turns: list, prompt: str, question_ids: list[int], answer: str) -> None:
+    def append_turn(
+        framing: Framing,
+        history: History,
+        turns: list[tuple[str, str]],
+        prompt: str,
+        question_ids: list[int],
+        answer: str,
+    ) -> None:
         history.extend(question_ids, "question")
         history.extend(framing.answer_ids(turns, prompt, answer), "answer")
         turns.append((prompt, answer))
@@ -233,23 +242,26 @@ def run(config: LoCoMoConfig) -> Path:
     return config.output
 
 
+def conditions(row: dict) -> list[str]:
+    """The scorecard conditions a LoCoMo row counts in: overall, its turn regime, answerable, its category."""
+    regime = "first turn" if row["turn"] == 0 else "later turns"
+    answerable = ["answerable"] if row["answerable"] else []
+    return ["overall", regime, *answerable, f"{CATEGORIES[row['category']]} ({row['category']})"]
+
+
+CONDITION_ORDER = [
+    "overall",
+    "first turn",
+    "later turns",
+    "answerable",
+    *(f"{CATEGORIES[c]} ({c})" for c in PAPER_ORDER),
+]
+
+
 def locomo_entries(rows: list[dict]) -> list[Entry]:
-    """Per (press, budget): mean F1 overall, on first and later turns, on answerable questions, per category."""
-    groups = {
-        "overall": lambda r: True,
-        "first turn": lambda r: r["turn"] == 0,
-        "later turns": lambda r: r["turn"] > 0,
-        "answerable": lambda r: r["answerable"],
-        **{f"{CATEGORIES[c]} ({c})": (lambda r, c=c: r["category"] == c) for c in PAPER_ORDER},
-    }
-    entries = []
-    for budget, press in dict.fromkeys((r["budget_label"], r["press"]) for r in rows):
-        cell = [r for r in rows if (r["budget_label"], r["press"]) == (budget, press)]
-        for condition, member in groups.items():
-            scores = [r["score"] for r in cell if member(r)]
-            if scores:
-                entries.append(Entry(condition, budget, press, round(sum(scores) / len(scores), 3), len(scores)))
-    return entries
+    """Per (press, budget): mean F1 with its bootstrap interval, per condition, in the paper's order."""
+    entries = entries_from_rows(rows, conditions, scale=1, digits=3)
+    return sorted(entries, key=lambda e: CONDITION_ORDER.index(e.condition))
 
 
 def write_locomo_scorecard(output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]) -> None:

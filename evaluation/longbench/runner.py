@@ -15,11 +15,11 @@ from evaluation.errors import EvaluationError
 from evaluation.generation import eos_ids, generate
 from evaluation.longbench.data import Example, TaskConfig, check_tasks, load_configs, load_task, resolve_data_dir
 from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, build_prompt
-from evaluation.metrics.longbench import sample_score, task_score
+from evaluation.metrics.longbench import sample_score
 from evaluation.models import load_model_or_explain
 from evaluation.press_registry import FULL_CACHE, attn_implementation, check_presses, make_press
 from evaluation.run_record import RunRecord
-from evaluation.scorecard import Entry, plot_by_budget, with_average, write_tables
+from evaluation.scorecard import Entry, entries_from_rows, plot_by_budget, with_average, write_tables
 from evaluation.store import ResultStore
 
 CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
@@ -146,14 +146,15 @@ def run(config: LongBenchConfig) -> Path:
     return config.output
 
 
+def conditions(row: dict) -> list[str]:
+    """The scorecard conditions a LongBench row counts in: its task."""
+    return [row["task"]]
+
+
 def longbench_entries(rows: list[dict]) -> list[Entry]:
-    """One entry per (task, budget, press): the official task score over the stored examples."""
-    cells: dict[tuple[str, str, str], list[float]] = {}
-    for row in rows:
-        cells.setdefault((row["task"], row["budget_label"], row["press"]), []).append(row["score"])
-    entries = [
-        Entry(task, budget, press, task_score(scores), len(scores)) for (task, budget, press), scores in cells.items()
-    ]
+    """One entry per (task, budget, press): the official task score (100 x mean) with its bootstrap interval,
+    plus the average over tasks."""
+    entries = entries_from_rows(rows, conditions, scale=100, digits=2)
     return with_average(entries, list(dict.fromkeys(row["task"] for row in rows)))
 
 

@@ -1,0 +1,98 @@
+"""Bootstrap intervals, paired verdicts, and the cross-benchmark scorecard command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evaluation.cli import main
+from evaluation.statistics import bootstrap, paired
+
+RNG = np.random.default_rng(0)
+BASE = dict(enumerate(RNG.uniform(0.2, 0.6, size=40)))
+
+
+def test_clear_win_clear_loss_and_exact_tie():
+    better = {i: s + 0.3 + RNG.normal(0, 0.02) for i, s in BASE.items()}
+    worse = {i: s - 0.25 for i, s in BASE.items()}
+    win = paired(better, BASE, "win", 10_000, 0)
+    assert win.verdict() == "win" and 0.28 < win.low < win.mean < win.high < 0.32
+    loss = paired(worse, BASE, "loss", 10_000, 0)
+    assert loss.verdict() == "loss" and loss.mean == pytest.approx(-0.25)
+    tie = paired(dict(BASE), BASE, "tie", 10_000, 0)
+    assert tie.verdict() == "tie" and (tie.low, tie.mean, tie.high) == (0.0, 0.0, 0.0)
+
+
+def test_a_noisy_difference_around_zero_is_a_tie():
+    noisy = {i: s + (0.05 if i % 2 else -0.05) for i, s in BASE.items()}
+    assert paired(noisy, BASE, "noisy", 10_000, 0).verdict() == "tie"
+
+
+def test_fixed_seed_is_deterministic_and_the_seed_matters():
+    values = np.array(list(BASE.values()))
+    assert bootstrap(values, 10_000, 7) == bootstrap(values, 10_000, 7)
+    assert bootstrap(values, 10_000, 7) != bootstrap(values, 10_000, 8)
+    interval = bootstrap(values, 10_000, 7)
+    assert interval.low < values.mean() < interval.high and interval.mean == pytest.approx(values.mean())
+
+
+def test_unpaired_examples_are_reported_not_dropped():
+    partial = {i: s for i, s in BASE.items() if i != 3}
+    with pytest.raises(ValueError, match=r"1 only in the reference, e\.g\. \[3\]; 0 only in the compared press"):
+        paired(partial, BASE, "cell", 1_000, 0)
+
+
+def write_run(folder: Path, rows: list[dict]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def longbench_rows(press: str, shift: float, ids: range) -> list[dict]:
+    return [
+        {"task": "hotpotqa", "id": f"q{i}", "press": press, "budget_label": "keep 50%", "score": BASE[i] + shift}
+        for i in ids
+    ]
+
+
+def locomo_rows(press: str, shift: float) -> list[dict]:
+    return [
+        {
+            "conversation": "conv-1",
+            "question_index": i,
+            "press": press,
+            "budget_label": "1800 tokens",
+            "turn": i,
+            "answerable": i % 3 > 0,
+            "category": 1 + i % 5,
+            "score": min(1.0, BASE[i] + shift),
+        }
+        for i in range(40)
+    ]
+
+
+def test_the_scorecard_command_across_benchmarks(tmp_path, capsys):
+    longbench = write_run(tmp_path / "lb", longbench_rows("h2o", 0, range(40)) + longbench_rows("rmm", 0.2, range(40)))
+    locomo = write_run(tmp_path / "lc", locomo_rows("h2o", 0) + locomo_rows("rmm", -0.2) + locomo_rows("tova", 0))
+    argv = ["scorecard", str(longbench), str(locomo), "--output-root", str(tmp_path / "out"), "--name", "both"]
+    assert main(argv) == 0
+    markdown = (tmp_path / "out" / "both" / "scorecard.md").read_text()
+    assert "- rmm: 1 / 0 / " in markdown, "a win on LongBench"
+    assert "| LongBench hotpotqa | keep 50% | rmm |" in markdown and "| win |" in markdown
+    assert "| LoCoMo overall | 1800 tokens | rmm |" in markdown and "| loss |" in markdown
+    assert "| LoCoMo overall | 1800 tokens | tova |" in markdown and "| tie |" in markdown
+    assert "| LoCoMo later turns | 1800 tokens | h2o |" in markdown and "| reference |" in markdown
+    assert (tmp_path / "out" / "both" / "scorecard.png").stat().st_size > 0
+    assert main(argv) == 0
+    assert (tmp_path / "out" / "both" / "scorecard.md").read_text() == markdown, "deterministic"
+
+
+def test_the_scorecard_command_refuses_runs_that_disagree_on_examples(tmp_path, capsys):
+    run = write_run(tmp_path / "lb", longbench_rows("h2o", 0, range(40)) + longbench_rows("rmm", 0.1, range(39)))
+    assert main(["scorecard", str(run), "--output-root", str(tmp_path / "out")]) == 2
+    assert (
+        "the runs disagree on examples (1 only in the reference, e.g. [('hotpotqa', 'q39')]" in capsys.readouterr().err
+    )
