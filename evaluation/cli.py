@@ -21,6 +21,16 @@ DEFAULT_LONGBENCH_TASKS = ["multi_news"]
 DEFAULT_RATIOS = [0.5, 0.75]
 
 
+def add_run_options(parser: argparse.ArgumentParser, protocol: str) -> None:
+    """The options every protocol shares: the model, the presses, where results go, the device."""
+    parser.add_argument(
+        "--model", default=SMOLLM2_ALIAS, help=f"'{SMOLLM2_ALIAS}' (offline default), a hub id or a folder"
+    )
+    parser.add_argument("--presses", nargs="+", default=list(PRESS_NAMES), help=f"any of {', '.join(PRESS_NAMES)}")
+    parser.add_argument("--output", type=Path, help=f"run folder (default results/{protocol}/<model>)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
 def add_longbench(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "longbench",
@@ -29,11 +39,8 @@ def add_longbench(subparsers: argparse._SubParsersAction) -> None:
         "OUTPUT/predictions.jsonl (one line per finished cell; rerunning resumes), scorecard.{md,csv,png} "
         "and run.json.",
     )
-    parser.add_argument(
-        "--model", default=SMOLLM2_ALIAS, help=f"'{SMOLLM2_ALIAS}' (offline default), a hub id or a folder"
-    )
+    add_run_options(parser, "longbench")
     parser.add_argument("--tasks", nargs="+", default=DEFAULT_LONGBENCH_TASKS, help="LongBench v1 English tasks")
-    parser.add_argument("--presses", nargs="+", default=list(PRESS_NAMES), help=f"any of {', '.join(PRESS_NAMES)}")
     parser.add_argument(
         "--ratios", nargs="*", type=float, help=f"compression ratios to evict (default {DEFAULT_RATIOS})"
     )
@@ -49,8 +56,6 @@ def add_longbench(subparsers: argparse._SubParsersAction) -> None:
         help="prompt truncation length (default: the model's context "
         "less the task's max_new_tokens and 64 tokens for the chat template)",
     )
-    parser.add_argument("--output", type=Path, help="run folder (default results/longbench/<model>)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
 
 
 def add_locomo(subparsers: argparse._SubParsersAction) -> None:
@@ -62,10 +67,7 @@ def add_locomo(subparsers: argparse._SubParsersAction) -> None:
         "copy, and the question and answer are appended to the uncompressed history. Results go to "
         "OUTPUT/predictions.jsonl (rerunning resumes), scorecard.{md,csv,png} and run.json.",
     )
-    parser.add_argument(
-        "--model", default=SMOLLM2_ALIAS, help=f"'{SMOLLM2_ALIAS}' (offline default), a hub id or a folder"
-    )
-    parser.add_argument("--presses", nargs="+", default=list(PRESS_NAMES), help=f"any of {', '.join(PRESS_NAMES)}")
+    add_run_options(parser, "locomo")
     parser.add_argument("--budgets", nargs="+", type=int, default=[1800], help="tokens kept (default 1800)")
     parser.add_argument("--conversations", nargs="+", help="sample ids such as conv-26 (default: all)")
     parser.add_argument("--max-turns", type=int, help="questions per conversation, in file order (default: all)")
@@ -84,8 +86,6 @@ def add_locomo(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=32, help="answer length limit (default 32)")
     parser.add_argument("--data", help="locomo10.json (default $LOCOMO_PATH, else the official download)")
-    parser.add_argument("--output", type=Path, help="run folder (default results/locomo/<model>)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
 
 
 def add_score(subparsers: argparse._SubParsersAction) -> None:

@@ -135,48 +135,9 @@ def test_query_aware_compresses_the_whole_prompt(model_dir, data_dir, tmp_path):
 
 
 def test_resuming_with_other_settings_is_refused(model_dir, data_dir, tmp_path, capsys):
-    output = tmp_path / "run"
-    assert (
-        main(
-            [
-                "longbench",
-                "--model",
-                str(model_dir),
-                "--data-dir",
-                str(data_dir),
-                "--tasks",
-                "trec",
-                "--presses",
-                "full",
-                "--n",
-                "1",
-                "--output",
-                str(output),
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "longbench",
-                "--model",
-                str(model_dir),
-                "--data-dir",
-                str(data_dir),
-                "--tasks",
-                "trec",
-                "--presses",
-                "full",
-                "--n",
-                "1",
-                "--output",
-                str(output),
-                "--query-aware",
-            ]
-        )
-        == 2
-    )
+    output, narrow = tmp_path / "run", ("--tasks", "trec", "--presses", "full", "--n", "1")
+    assert longbench(model_dir, data_dir, output, *narrow) == 0
+    assert longbench(model_dir, data_dir, output, *narrow, "--query-aware") == 2
     assert "query_aware: stored False, asked True" in capsys.readouterr().err
 
 
@@ -236,20 +197,7 @@ def test_a_malformed_jsonl_line_is_reported_with_its_file_and_line(model_dir, da
     path = data_dir / "hotpotqa.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], '{"input": "broken', *lines[1:]]) + "\n")
-    argv = [
-        "longbench",
-        "--model",
-        str(model_dir),
-        "--data-dir",
-        str(data_dir),
-        "--tasks",
-        "hotpotqa",
-        "--n",
-        "3",
-        "--output",
-        str(tmp_path / "out"),
-    ]
-    assert main(argv) == 2
+    assert longbench(model_dir, data_dir, tmp_path / "out", "--tasks", "hotpotqa", "--n", "3") == 2
     assert f"{path}:2: malformed JSON line" in capsys.readouterr().err
 
 
