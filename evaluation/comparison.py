@@ -13,6 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from evaluation.errors import EvaluationError
+from evaluation.locomo.runner import CONDITION_ORDER
 from evaluation.locomo.runner import conditions as locomo_conditions
 from evaluation.longbench.runner import conditions as longbench_conditions
 from evaluation.press_registry import FULL_CACHE
@@ -29,11 +30,14 @@ class Benchmark:
     example_id: Callable[[dict], tuple]
     scale: float  # LongBench reports 100 x mean, LoCoMo the mean F1
     digits: int
+    order: tuple[str, ...] = ()  # the protocol's own order of its conditions, if it has one
 
 
 BENCHMARKS = {
     "longbench": Benchmark("LongBench", longbench_conditions, lambda r: (r["task"], r["id"]), 100, 2),
-    "locomo": Benchmark("LoCoMo", locomo_conditions, lambda r: (r["conversation"], r["question_index"]), 1, 3),
+    "locomo": Benchmark(
+        "LoCoMo", locomo_conditions, lambda r: (r["conversation"], r["question_index"]), 1, 3, tuple(CONDITION_ORDER)
+    ),
 }
 
 
@@ -98,13 +102,23 @@ def compare(runs: list[tuple[Benchmark, list[dict]]], reference: str, resamples:
             Comparison(condition, budget, press, score, len(scores), difference, verdict, benchmark.digits)
         )
     return sorted(
-        comparisons, key=lambda c: (rank(groups, c.condition, 0), rank(groups, c.budget, 1), rank(groups, c.press, 2))
+        comparisons,
+        key=lambda c: (condition_rank(groups, c.condition), rank(groups, c.budget, 1), rank(groups, c.press, 2)),
     )
 
 
 def rank(groups: dict[tuple[str, str, str], object], value: str, part: int) -> int:
-    """Order of first appearance of a condition, budget or press among the groups (the protocols' own order)."""
+    """Order of first appearance of a condition, budget or press among the groups."""
     return list(dict.fromkeys(key[part] for key in groups)).index(value)
+
+
+def condition_rank(groups: dict[tuple[str, str, str], object], condition: str) -> tuple[int, int]:
+    """Benchmark by benchmark; within one, the protocol's own order of conditions, else first appearance."""
+    benchmarks = list(BENCHMARKS.values())
+    benchmark = next(b for b in benchmarks if condition.startswith(f"{b.name} "))
+    name = condition[len(benchmark.name) + 1 :]
+    within = benchmark.order.index(name) if name in benchmark.order else rank(groups, condition, 0)
+    return benchmarks.index(benchmark), within
 
 
 def interval_text(interval: Interval | None, digits: int, signed: bool = False) -> str:
