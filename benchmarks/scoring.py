@@ -1,0 +1,128 @@
+"""Attention-reading scores without eager attention: peak memory and time of an H2O-scored prefill.
+
+Three ways to prefill SmolLM2 at each length, side by side in one run, each in a fresh process (peak RSS is a
+per-process figure), interleaved repeat by repeat:
+
+- ``sdpa``: no press, sdpa attention (the floor);
+- ``eager-h2o``: KVPress's ``ObservedAttentionPress``, which needs eager attention weights;
+- ``chunked-h2o``: ``RMMPress(correctness="uniform")``, which keeps exactly the same positions (a test
+  asserts it) from column sums recomputed chunk by chunk under sdpa.
+
+Prints and writes medians and their ratios to the sdpa floor. ``--long`` adds one chunked run at a length
+where eager is not attempted, to show it completes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("sdpa", "eager-h2o", "chunked-h2o")
+
+
+def token_ids(tokenizer, data: Path, length: int):
+    """The first ``length`` tokens of the multi_news contexts, concatenated in file order."""
+    import torch
+
+    ids: list[int] = []
+    with data.open() as handle:
+        for line in handle:
+            ids += tokenizer.encode(json.loads(line)["context"])
+            if len(ids) >= length:
+                return torch.tensor([ids[:length]])
+    raise SystemExit(f"{data} holds fewer than {length} tokens")
+
+
+def child(mode: str, length: int, data: Path) -> None:
+    """One measured prefill; prints {"seconds", "peak_rss_gb"} as JSON."""
+    import torch
+    from kvpress import ObservedAttentionPress
+    from transformers import DynamicCache
+
+    from evaluation.models import load_model
+    from presses import RMMPress
+
+    model, tokenizer = load_model(attn_implementation="eager" if mode == "eager-h2o" else "sdpa")
+    ids = token_ids(tokenizer, data, length)
+    press = {
+        "sdpa": None,
+        "eager-h2o": ObservedAttentionPress(0.5),
+        "chunked-h2o": RMMPress(0.5, correctness="uniform"),
+    }[mode]
+    cache = DynamicCache()
+    start = time.perf_counter()
+    with torch.no_grad():
+        if press is None:
+            model.model(input_ids=ids, past_key_values=cache)
+        else:
+            with press(model):
+                model.model(input_ids=ids, past_key_values=cache)
+    seconds = time.perf_counter() - start
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    print(json.dumps({"seconds": seconds, "peak_rss_gb": peak_gb, "kept": cache.get_seq_length()}))
+
+
+def measure(mode: str, length: int, data: Path) -> dict:
+    result = subprocess.run(
+        [sys.executable, __file__, "--child", mode, str(length), "--data", str(data)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", nargs="+", type=int, default=[2048, 4096, 8192])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--long", type=int, default=16384, help="one chunked-h2o run at this length (0: none)")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/longbench/multi_news.jsonl")
+    parser.add_argument("--output", type=Path, default=ROOT / "results/bench/scoring.json")
+    parser.add_argument("--child", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]), args.data)
+        return
+
+    report: dict = {"repeats": args.repeats, "lengths": {}}
+    for length in args.lengths:
+        runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        for repeat in range(args.repeats):
+            for mode in MODES:
+                runs[mode].append(measure(mode, length, args.data))
+                print(f"{length} tokens, repeat {repeat + 1}, {mode}: {runs[mode][-1]}", flush=True)
+        medians = {
+            mode: {key: statistics.median(r[key] for r in results) for key in ("seconds", "peak_rss_gb")}
+            for mode, results in runs.items()
+        }
+        floor = medians["sdpa"]
+        for mode in MODES:
+            medians[mode]["time_ratio"] = medians[mode]["seconds"] / floor["seconds"]
+            medians[mode]["rss_ratio"] = medians[mode]["peak_rss_gb"] / floor["peak_rss_gb"]
+        report["lengths"][str(length)] = medians
+    if args.long:
+        report["long"] = {"length": args.long, "chunked-h2o": measure("chunked-h2o", args.long, args.data)}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print("\nmedians (ratio to the no-press sdpa prefill):")
+    for length, medians in report["lengths"].items():
+        for mode, m in medians.items():
+            print(
+                f"{length:>6} {mode:<12} {m['seconds']:7.1f} s ({m['time_ratio']:.2f}x)  "
+                f"{m['peak_rss_gb']:.2f} GB ({m['rss_ratio']:.2f}x)"
+            )
+    if args.long:
+        print(f"{args.long:>6} chunked-h2o completes: {report['long']['chunked-h2o']}")
+
+
+if __name__ == "__main__":
+    main()
