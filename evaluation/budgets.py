@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evaluation.errors import EvaluationError
+from evaluation.press_registry import FULL_CACHE
 
 
 @dataclass(frozen=True)
@@ -40,3 +41,28 @@ class Budget:
 
 def parse_budgets(ratios: list[float] | None, tokens: list[int] | None) -> list[Budget]:
     return [Budget("ratio", r) for r in ratios or []] + [Budget("tokens", t) for t in tokens or []]
+
+
+def budget_key(budget: Budget | None) -> str:
+    """The resume key of a cell's budget; the full-cache cell (no budget) is ``"full"``."""
+    return budget.key if budget else FULL_CACHE
+
+
+def budget_label(budget: Budget | None) -> str:
+    return budget.label if budget else FULL_CACHE
+
+
+def ratio_for(budget: Budget | None, length: int) -> float:
+    """The compression ratio of a cell over a ``length``-token cache (0 for the full cache)."""
+    return budget.compression_ratio(length) if budget else 0.0
+
+
+Cell = tuple[str, Budget | None]  # a press name and its budget (None for the full cache)
+
+
+def press_cells(presses: list[str], budgets: list[Budget], budget_options: str) -> list[Cell]:
+    """The full cache once (if asked for), then every other press at every budget."""
+    if not budgets and any(press != FULL_CACHE for press in presses):
+        raise EvaluationError(f"no budget: give at least one {budget_options} value")
+    full = [(FULL_CACHE, None)] if FULL_CACHE in presses else []
+    return full + [(press, budget) for press in presses if press != FULL_CACHE for budget in budgets]

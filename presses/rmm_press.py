@@ -202,12 +202,12 @@ class RMMPress(OrderedScorerPress):
         if not self._deferred:
             return
         layers, self._deferred = self._deferred, []
-        self._context_ids = input_ids_of(args, kwargs)
-        if self._context_ids is None:
+        input_ids = input_ids_of(args, kwargs)
+        if input_ids is None:
             raise RuntimeError(MISSING_IDS)
-        self._weights = teacher_forced_correctness(lm_head, output[0], self._context_ids)
+        self._weights = teacher_forced_correctness(lm_head, output[0], input_ids)
         try:
             for layer in layers:
                 super().forward_hook(*layer)
         finally:
-            self._weights, self._context_ids = None, None
+            self._weights = None

@@ -12,7 +12,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.budgets import Budget
+from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.errors import EvaluationError
 from evaluation.generation import decode, eos_ids
 from evaluation.locomo.data import Conversation, Question, Session, load_conversations, resolve_path
@@ -27,7 +27,7 @@ from evaluation.locomo.render import (
 )
 from evaluation.metrics.locomo import CATEGORIES, PAPER_ORDER, score
 from evaluation.models import load_model_or_explain
-from evaluation.press_registry import FULL_CACHE, check_presses, make_press
+from evaluation.press_registry import check_presses, make_press
 from evaluation.run_record import RunRecord
 from evaluation.scorecard import Entry, entries_from_rows, plot_by_turn, write_tables
 from evaluation.store import ResultStore
@@ -52,16 +52,13 @@ class LoCoMoConfig:
     max_new_tokens: int = 32
 
 
-Cell = tuple[str, Budget | None]
-
-
 def row_key(row: dict) -> tuple[str, int, str, str]:
     return row["conversation"], row["question_index"], row["press"], row["budget"]
 
 
 def cell_key(conversation: Conversation, question: Question, cell: Cell) -> tuple[str, int, str, str]:
     press, budget = cell
-    return conversation.sample_id, question.index, press, budget.key if budget else FULL_CACHE
+    return conversation.sample_id, question.index, press, budget_key(budget)
 
 
 def select_conversations(conversations: list[Conversation], wanted: list[str] | None) -> list[Conversation]:
@@ -88,11 +85,11 @@ def fit_sessions(
 class ConversationRun:
     """One conversation streamed through every cell; one shared history unless answers are the model's own."""
 
-    def __init__(self, config: LoCoMoConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.config, self.model, self.tokenizer = config, model, tokenizer
+    def __init__(
+        self, config: LoCoMoConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cells: list[Cell]
+    ) -> None:
+        self.config, self.model, self.tokenizer, self.cells = config, model, tokenizer, cells
         self.stop = eos_ids(model)
-        self.cells: list[Cell] = [(FULL_CACHE, None)] if FULL_CACHE in config.presses else []
-        self.cells += [(p, b) for p in config.presses if p != FULL_CACHE for b in config.budgets]
 
     def history_limit(self, conversation: Conversation, framing: Framing, questions: list[Question]) -> int:
         """``--max-history-tokens``, else the model's context less room for every asked question and answer."""
@@ -171,7 +168,7 @@ class ConversationRun:
         self, history: History, question_ids: list[int], question: Question, cell: Cell, turn: int, answerable: bool
     ) -> dict:
         press_name, budget = cell
-        ratio = budget.compression_ratio(history.length) if budget else 0.0
+        ratio = ratio_for(budget, history.length)
         start = time.perf_counter()
         cache, kept = history.compress(make_press(press_name, ratio))
         generated = decode(
@@ -192,8 +189,8 @@ class ConversationRun:
             "question": question.question,
             "answer": question.answer,
             "press": press_name,
-            "budget": budget.key if budget else FULL_CACHE,
-            "budget_label": budget.label if budget else FULL_CACHE,
+            "budget": budget_key(budget),
+            "budget_label": budget_label(budget),
             "compression_ratio": ratio,
             "history_tokens": history.length,
             "kept_tokens": kept[0].shape[-1],
@@ -210,14 +207,13 @@ class ConversationRun:
 def run(config: LoCoMoConfig) -> Path:
     """Run (or resume) the streaming protocol and write predictions, scorecard and run.json."""
     check_presses(config.presses)
-    if not config.budgets and any(p != FULL_CACHE for p in config.presses):
-        raise EvaluationError("no budget: give at least one --budgets value")
+    cells = press_cells(config.presses, config.budgets, "--budgets")
     conversations = select_conversations(load_conversations(resolve_path(config.data)), config.conversations)
     settings = {**asdict(config), "output": str(config.output), "budgets": [b.key for b in config.budgets]}
     record = RunRecord(config.output, settings, RESULTS_DEFINING)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     model, tokenizer = load_model_or_explain(config.model, device=config.device)
-    streamer = ConversationRun(config, model, tokenizer)
+    streamer = ConversationRun(config, model, tokenizer, cells)
     total = sum(len(c.questions[: config.max_turns]) for c in conversations) * len(streamer.cells)
     done = sum(
         cell_key(c, q, cell) in store

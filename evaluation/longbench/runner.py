@@ -10,14 +10,13 @@ from pathlib import Path
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.budgets import Budget
-from evaluation.errors import EvaluationError
+from evaluation.budgets import Budget, budget_key, budget_label, press_cells, ratio_for
 from evaluation.generation import eos_ids, generate
 from evaluation.longbench.data import Example, TaskConfig, check_tasks, load_configs, load_task, resolve_data_dir
-from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, build_prompt
+from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
 from evaluation.metrics.longbench import sample_score
 from evaluation.models import load_model_or_explain
-from evaluation.press_registry import FULL_CACHE, attn_implementation, check_presses, make_press
+from evaluation.press_registry import attn_implementation, check_presses, make_press
 from evaluation.run_record import RunRecord
 from evaluation.scorecard import Entry, entries_from_rows, plot_by_budget, with_average, write_tables
 from evaluation.store import ResultStore
@@ -40,25 +39,16 @@ class LongBenchConfig:
     max_length: int | None = None
 
 
-Cell = tuple[Example, str, Budget | None]
+ExampleCell = tuple[Example, str, Budget | None]  # one example, one press, one budget
 
 
 def row_key(row: dict) -> tuple[str, str, str, str]:
     return row["task"], row["id"], row["press"], row["budget"]
 
 
-def cell_key(cell: Cell) -> tuple[str, str, str, str]:
+def cell_key(cell: ExampleCell) -> tuple[str, str, str, str]:
     example, press, budget = cell
-    return example.task, example.id, press, budget.key if budget else FULL_CACHE
-
-
-def plan(examples: list[Example], presses: list[str], budgets: list[Budget]) -> list[Cell]:
-    """Example by example: the full cache once, then every press at every budget."""
-    cells: list[Cell] = []
-    for example in examples:
-        cells += [(example, FULL_CACHE, None)] if FULL_CACHE in presses else []
-        cells += [(example, press, budget) for press in presses if press != FULL_CACHE for budget in budgets]
-    return cells
+    return example.task, example.id, press, budget_key(budget)
 
 
 def prompt_budget(
@@ -77,12 +67,12 @@ def run_cell(
     config: LongBenchConfig,
     task_config: TaskConfig,
     example: Example,
-    prompt,
+    prompt: Prompt,
     press_name: str,
     budget: Budget | None,
 ) -> dict:
     context_tokens = prompt.context_ids.shape[1]
-    ratio = budget.compression_ratio(context_tokens) if budget else 0.0
+    ratio = ratio_for(budget, context_tokens)
     model.set_attn_implementation(attn_implementation(press_name))
     stop = eos_ids(model) | (
         {tokenizer.encode("\n", add_special_tokens=False)[-1]} if example.task in STOP_AT_NEWLINE_TASKS else set()
@@ -96,8 +86,8 @@ def run_cell(
         "task": example.task,
         "id": example.id,
         "press": press_name,
-        "budget": budget.key if budget else FULL_CACHE,
-        "budget_label": budget.label if budget else FULL_CACHE,
+        "budget": budget_key(budget),
+        "budget_label": budget_label(budget),
         "compression_ratio": ratio,
         "context_tokens": context_tokens,
         "kept_tokens": generation.kept_tokens,
@@ -119,8 +109,7 @@ def run(config: LongBenchConfig) -> Path:
     """Run (or resume) the grid and write predictions, scorecard and run.json under ``config.output``."""
     check_tasks(config.tasks)
     check_presses(config.presses)
-    if not config.budgets and any(p != FULL_CACHE for p in config.presses):
-        raise EvaluationError("no budget: give at least one --ratios or --budgets value")
+    press_budgets = press_cells(config.presses, config.budgets, "--ratios or --budgets")
     data_dir = resolve_data_dir(config.data_dir)
     task_configs = load_configs(data_dir, config.tasks)
     examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
@@ -128,7 +117,7 @@ def run(config: LongBenchConfig) -> Path:
     settings["budgets"] = [b.key for b in config.budgets]
     record = RunRecord(config.output, settings, RESULTS_DEFINING)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
-    cells = plan(examples, config.presses, config.budgets)
+    cells = [(example, press, budget) for example in examples for press, budget in press_budgets]
     todo = [cell for cell in cells if cell_key(cell) not in store]
     if todo:
         model, tokenizer = load_model_or_explain(config.model, device=config.device)
@@ -138,7 +127,7 @@ def run(config: LongBenchConfig) -> Path:
                 max_length = prompt_budget(config, model, tokenizer, task_config)
                 prompt = build_prompt(example, task_config, tokenizer, max_length, config.query_aware)
                 for _, press_name, budget in group:
-                    bar.set_postfix_str(f"{example.task} {press_name} {budget.label if budget else ''}".strip())
+                    bar.set_postfix_str(f"{example.task} {press_name} {budget_label(budget)}")
                     store.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
                     bar.update()
     write_longbench_scorecard(config.output, store.rows, config.presses, config.budgets)
