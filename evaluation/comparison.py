@@ -19,6 +19,7 @@ from evaluation.longbench.runner import conditions as longbench_conditions
 from evaluation.press_registry import FULL_CACHE
 from evaluation.statistics import MIN_EXAMPLES_FOR_INTERVAL, Interval, bootstrap, paired
 from evaluation.store import read_rows
+from evaluation.traces.runner import METRICS as TRACE_METRICS
 
 VERDICT_COLORS = {"win": "tab:green", "loss": "tab:purple", "tie": "tab:blue"}
 
@@ -38,6 +39,7 @@ BENCHMARKS = {
     "locomo": Benchmark(
         "LoCoMo", locomo_conditions, lambda r: (r["conversation"], r["question_index"]), 1, 3, tuple(CONDITION_ORDER)
     ),
+    "traces": Benchmark("Traces", lambda r: [r["metric"]], lambda r: (r["trace"],), 1, 3, TRACE_METRICS),
 }
 
 
@@ -57,9 +59,10 @@ def load_run(run_dir: Path) -> tuple[Benchmark, list[dict]]:
     rows = read_rows(run_dir / "predictions.jsonl")
     if not rows:
         raise EvaluationError(f"{run_dir}: no predictions yet")
-    kind = "longbench" if "task" in rows[0] else "locomo" if "conversation" in rows[0] else None
+    kinds = {"task": "longbench", "conversation": "locomo", "trace": "traces"}
+    kind = next((kinds[field] for field in kinds if field in rows[0]), None)
     if kind is None:
-        raise EvaluationError(f"{run_dir}: neither LongBench nor LoCoMo predictions")
+        raise EvaluationError(f"{run_dir}: neither LongBench, LoCoMo nor trace results")
     return BENCHMARKS[kind], rows
 
 

@@ -12,6 +12,8 @@ during decoding (inside ``DecodingPress``), the buffered recent tokens.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from kvpress.utils import get_prerope_query_states
 from torch import nn
@@ -106,25 +108,42 @@ def attention_column_sums(
         return probs.sum(2)
 
     n_rows = n_rows or hidden_states.shape[1]
-    queries = row_queries(module, hidden_states[:, -n_rows:], kwargs)
-    keys = repeat_kv(keys, queries.shape[1] // keys.shape[1])
-    sums = torch.zeros(queries.shape[0], queries.shape[1], k_len, dtype=torch.float32, device=keys.device)
-    for start in range(0, n_rows, chunk_size):
-        stop = min(start + chunk_size, n_rows)
-        visible = k_len - n_rows + stop  # keys after the chunk's last row are masked for all its rows: skip them
-        rows = torch.arange(visible - (stop - start), visible, device=keys.device)
-        logits = torch.matmul(queries[:, :, start:stop], keys[:, :, :visible].transpose(2, 3)) * module.scaling
-        logits = logits.masked_fill(~band_mask(rows, visible, None), float("-inf"))
-        probs = nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(queries.dtype)
+    sums = torch.zeros(keys.shape[0], module.config.num_attention_heads, k_len, dtype=torch.float32, device=keys.device)
+    for rows, probs in attention_row_chunks(module, hidden_states[:, -n_rows:], keys, kwargs, chunk_size):
         if lag is not None:
-            probs = probs * band_mask(rows, visible, lag).to(probs.dtype)
+            probs = probs * band_mask(rows, probs.shape[-1], lag).to(probs.dtype)
         if row_weights is not None:
-            probs = probs * row_weights[:, None, start:stop, None].to(probs.dtype)
-        sums[..., :visible] += probs.sum(2)
+            first = rows[0] - (k_len - n_rows)
+            probs = probs * row_weights[:, None, first : first + len(rows), None].to(probs.dtype)
+        sums[..., : probs.shape[-1]] += probs.sum(2)
     return sums.to(keys.dtype)
 
 
+def attention_row_chunks(
+    module: nn.Module,
+    hidden_rows: torch.Tensor,
+    keys: torch.Tensor,
+    kwargs: dict,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The attention of the rows of ``hidden_rows`` (the newest rows of the cache), ``chunk_size`` at a time.
+
+    Yields ``(rows, probs)``: the chunk's row positions in the cache, shape (chunk,), and its attention
+    probabilities, shape (batch, num_heads, chunk, visible), over the keys up to the chunk's last row
+    (later keys are masked for every row of the chunk, so they are skipped).
+    """
+    k_len, n_rows = keys.shape[2], hidden_rows.shape[1]
+    queries = row_queries(module, hidden_rows, kwargs)
+    keys = repeat_kv(keys, queries.shape[1] // keys.shape[1])
+    for start in range(0, n_rows, chunk_size):
+        stop = min(start + chunk_size, n_rows)
+        visible = k_len - n_rows + stop
+        rows = torch.arange(visible - (stop - start), visible, device=keys.device)
+        logits = torch.matmul(queries[:, :, start:stop], keys[:, :, :visible].transpose(2, 3)) * module.scaling
+        logits = logits.masked_fill(~band_mask(rows, visible, None), float("-inf"))
+        yield rows, nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(queries.dtype)
+
+
 def group_mean(scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """Average per-query-head scores (batch, num_heads, k_len) over each KV group: (batch, num_kv_heads, k_len)."""
-    batch, num_heads, k_len = scores.shape
-    return scores.view(batch, num_kv_heads, num_heads // num_kv_heads, k_len).mean(2)
+    """Average per-query-head scores (batch, num_heads, ...) over each KV group: (batch, num_kv_heads, ...)."""
+    return scores.unflatten(1, (num_kv_heads, -1)).mean(2)

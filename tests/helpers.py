@@ -60,12 +60,13 @@ def prefill(model: PreTrainedModel, input_ids: torch.Tensor, press: BasePress | 
     return cache
 
 
-def positions_of(full_keys: torch.Tensor, kept_keys: torch.Tensor) -> torch.Tensor:
+def positions_of(full_keys: torch.Tensor, kept_keys: torch.Tensor, atol: float = 0.0) -> torch.Tensor:
     """Which rows of ``full_keys`` (batch, heads, length, dim) each kept key is, (batch, heads, n_kept).
 
-    A prefill press never changes the keys it keeps, so each kept key equals exactly one full key.
+    A prefill press never changes the keys it keeps, so each kept key equals exactly one full key (within
+    ``atol`` when the two prefills ran different attention implementations).
     """
-    matches = (kept_keys[:, :, :, None, :] == full_keys[:, :, None, :, :]).all(-1)
+    matches = torch.cdist(kept_keys.float(), full_keys.float(), p=float("inf")) <= atol
     assert (matches.sum(-1) == 1).all(), "a kept key matches no full-cache key (or several)"
     return matches.float().argmax(-1)
 
@@ -103,3 +104,22 @@ def byte_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
         chat_template=chat_template,
         model_max_length=4096,
     )
+
+
+NEAR_TIE = 1e-3  # the largest top-2 logit gap at which two numerically different paths may pick differently
+
+
+@torch.no_grad()
+def top2_gap(model: PreTrainedModel, cache: DynamicCache, ids: list[int], position: int) -> float:
+    """The gap between the two largest logits after appending ``ids`` to ``cache`` at ``position`` onwards."""
+    positions = torch.arange(position, position + len(ids)).unsqueeze(0)
+    logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, position_ids=positions).logits[0, -1]
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The index of the first token where two generations part (None when they are equal)."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

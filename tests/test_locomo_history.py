@@ -7,7 +7,7 @@ import torch
 
 from evaluation.budgets import Budget
 from evaluation.generation import decode
-from evaluation.locomo.history import History
+from evaluation.history import History
 from evaluation.press_registry import PRESSES, make_press
 from tests.helpers import kept_positions, prefill, tiny_model
 

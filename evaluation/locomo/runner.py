@@ -15,8 +15,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.errors import EvaluationError
 from evaluation.generation import decode, eos_ids
+from evaluation.history import History
 from evaluation.locomo.data import Conversation, Question, Session, load_conversations, resolve_path
-from evaluation.locomo.history import History
 from evaluation.locomo.render import (
     Framing,
     choice_options,

@@ -1,4 +1,11 @@
-"""The LongBench grid: every example x press x budget, one JSON line per finished cell, resumable."""
+"""The LongBench grid: every example x press x budget, one JSON line per finished cell, resumable.
+
+Two paths compute a cell. The shared path (default) prefills each example once with the full cache, derives
+every press's cache at every budget from that one prefill (``History``) and decodes them in one batch; a
+press whose score reads more than the prefill's statistics takes the per-cell path instead. The per-cell
+path (``--path per-cell``, the reference) runs KVPress's prefill under the press once per cell, with eager
+attention where the press needs its weights. Each row records the path that produced it.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,9 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.budgets import Budget, budget_key, budget_label, press_cells, ratio_for
-from evaluation.generation import eos_ids, generate
+from evaluation.errors import EvaluationError
+from evaluation.generation import decode_batch, eos_ids, generate
+from evaluation.history import History
 from evaluation.longbench.data import Example, TaskConfig, check_tasks, load_configs, load_task, resolve_data_dir
 from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
 from evaluation.metrics.longbench import sample_score
@@ -37,9 +46,11 @@ class LongBenchConfig:
     output: Path
     device: str = "cpu"
     max_length: int | None = None
+    path: str = "shared"
 
 
 ExampleCell = tuple[Example, str, Budget | None]  # one example, one press, one budget
+PATHS = ("shared", "per-cell")
 
 
 def row_key(row: dict) -> tuple[str, str, str, str]:
@@ -61,6 +72,48 @@ def prompt_budget(
     return context - task.max_new_tokens - CHAT_MARGIN
 
 
+def stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: str) -> set[int]:
+    newline = {tokenizer.encode("\n", add_special_tokens=False)[-1]} if task in STOP_AT_NEWLINE_TASKS else set()
+    return eos_ids(model) | newline
+
+
+def cell_row(
+    config: LongBenchConfig,
+    example: Example,
+    prompt: Prompt,
+    press_name: str,
+    budget: Budget | None,
+    generated: list[int],
+    kept_tokens: int,
+    path: str,
+    seconds: float,
+    tokenizer: PreTrainedTokenizerBase,
+) -> dict:
+    prediction = tokenizer.decode(generated, skip_special_tokens=True)
+    context_tokens = prompt.context_ids.shape[1]
+    return {
+        "task": example.task,
+        "id": example.id,
+        "press": press_name,
+        "budget": budget_key(budget),
+        "budget_label": budget_label(budget),
+        "compression_ratio": ratio_for(budget, context_tokens),
+        "context_tokens": context_tokens,
+        "kept_tokens": kept_tokens,
+        "question_tokens": prompt.question_ids.shape[1],
+        "truncated": prompt.truncated,
+        "query_aware": config.query_aware,
+        "attn_implementation": attn_implementation(press_name) if path == "per-cell" else "sdpa",
+        "path": path,
+        "generated_tokens": len(generated),
+        "seconds": round(seconds, 2),
+        "prediction": prediction,
+        "answers": example.answers,
+        "all_classes": example.all_classes,
+        "score": sample_score(example.task, prediction, example.answers, example.all_classes),
+    }
+
+
 def run_cell(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -71,44 +124,77 @@ def run_cell(
     press_name: str,
     budget: Budget | None,
 ) -> dict:
-    context_tokens = prompt.context_ids.shape[1]
-    ratio = ratio_for(budget, context_tokens)
+    """The per-cell reference path: KVPress's prefill under the press, then greedy decoding."""
     model.set_attn_implementation(attn_implementation(press_name))
-    stop = eos_ids(model) | (
-        {tokenizer.encode("\n", add_special_tokens=False)[-1]} if example.task in STOP_AT_NEWLINE_TASKS else set()
-    )
+    press = make_press(press_name, ratio_for(budget, prompt.context_ids.shape[1]))
     start = time.perf_counter()
-    generation = generate(
-        model, prompt.context_ids, prompt.question_ids, make_press(press_name, ratio), task_config.max_new_tokens, stop
+    stop = stop_ids(model, tokenizer, example.task)
+    generation = generate(model, prompt.context_ids, prompt.question_ids, press, task_config.max_new_tokens, stop)
+    seconds = time.perf_counter() - start
+    return cell_row(
+        config,
+        example,
+        prompt,
+        press_name,
+        budget,
+        generation.token_ids,
+        generation.kept_tokens,
+        "per-cell",
+        seconds,
+        tokenizer,
     )
-    prediction = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-    return {
-        "task": example.task,
-        "id": example.id,
-        "press": press_name,
-        "budget": budget_key(budget),
-        "budget_label": budget_label(budget),
-        "compression_ratio": ratio,
-        "context_tokens": context_tokens,
-        "kept_tokens": generation.kept_tokens,
-        "question_tokens": prompt.question_ids.shape[1],
-        "truncated": prompt.truncated,
-        "query_aware": config.query_aware,
-        "attn_implementation": model.config._attn_implementation,
-        "path": "per-cell",
-        "generated_tokens": len(generation.token_ids),
-        "seconds": round(time.perf_counter() - start, 2),
-        "prediction": prediction,
-        "answers": example.answers,
-        "all_classes": example.all_classes,
-        "score": sample_score(example.task, prediction, example.answers, example.all_classes),
-    }
+
+
+def run_shared(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    config: LongBenchConfig,
+    task_config: TaskConfig,
+    example: Example,
+    prompt: Prompt,
+    cells: list[tuple[str, Budget | None]],
+) -> list[dict]:
+    """The shared path for one example's cells: one full-cache prefill, each press's cache derived from it,
+    one batched decode. Every cell's press must be one ``History.supports``. Each row's ``seconds`` is its
+    equal share of the example's wall time."""
+    model.set_attn_implementation("sdpa")
+    start = time.perf_counter()
+    history = History(model, frozenset({"context"}))
+    history.extend(prompt.context_ids[0].tolist(), "context")
+    caches = [history.compress(make_press(name, ratio_for(budget, history.length)))[0] for name, budget in cells]
+    kept = [cache.get_seq_length() for cache in caches]
+    stop = stop_ids(model, tokenizer, example.task)
+    generated: list[list[int]] = [[] for _ in cells]
+    for length in sorted(set(kept)):  # one batch per cache length: decoding on a CPU is bound by what it reads
+        batch = [index for index, n in enumerate(kept) if n == length]
+        tokens = decode_batch(
+            model,
+            [caches[index] for index in batch],
+            prompt.question_ids,
+            history.length,
+            task_config.max_new_tokens,
+            stop,
+            history.newest_logits,
+        )
+        for index, sequence in zip(batch, tokens, strict=True):
+            generated[index] = sequence
+    share = (time.perf_counter() - start) / len(cells)
+    return [
+        cell_row(config, example, prompt, press_name, budget, tokens, n_kept, "shared", share, tokenizer)
+        for (press_name, budget), tokens, n_kept in zip(cells, generated, kept, strict=True)
+    ]
+
+
+def shares_prefill(press_name: str) -> bool:
+    return History.supports(make_press(press_name, 0.5))
 
 
 def run(config: LongBenchConfig) -> Path:
     """Run (or resume) the grid and write predictions, scorecard and run.json under ``config.output``."""
     check_tasks(config.tasks)
     check_presses(config.presses)
+    if config.path not in PATHS:
+        raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
     press_budgets = press_cells(config.presses, config.budgets, "--ratios or --budgets")
     data_dir = resolve_data_dir(config.data_dir)
     task_configs = load_configs(data_dir, config.tasks)
@@ -126,8 +212,15 @@ def run(config: LongBenchConfig) -> Path:
                 task_config = task_configs[example.task]
                 max_length = prompt_budget(config, model, tokenizer, task_config)
                 prompt = build_prompt(example, task_config, tokenizer, max_length, config.query_aware)
-                for _, press_name, budget in group:
-                    bar.set_postfix_str(f"{example.task} {press_name} {budget_label(budget)}")
+                cells = [(press_name, budget) for _, press_name, budget in group]
+                shared = [cell for cell in cells if config.path == "shared" and shares_prefill(cell[0])]
+                if shared:
+                    bar.set_postfix_str(f"{example.task} {example.id}: {len(shared)} cells, shared prefill")
+                    for row in run_shared(model, tokenizer, config, task_config, example, prompt, shared):
+                        store.append(row)
+                        bar.update()
+                for press_name, budget in (cell for cell in cells if cell not in shared):
+                    bar.set_postfix_str(f"{example.task} {example.id}: {press_name} {budget_label(budget)}")
                     store.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
                     bar.update()
     write_longbench_scorecard(config.output, store.rows, config.presses, config.budgets)

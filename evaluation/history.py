@@ -1,6 +1,10 @@
-"""The growing, uncompressed history of a streaming conversation, and what each press scores it from.
+"""One uncompressed prefill and what every press scores it from: the engine behind both protocols.
 
-The history's KV cache is extended with each turn's new tokens only; it is never re-prefilled. Alongside it,
+A prefill press prunes each layer's cache only after that layer's attention, so a prefill's hidden states
+never depend on the press. One full-cache prefill can therefore serve every press and budget (LongBench's
+shared path), and one growing cache can serve every turn of a conversation (LoCoMo's stream).
+
+The history's KV cache is extended with new tokens only; it is never re-prefilled. Alongside it,
 per layer, the statistics every press needs to score the *whole* history stay up to date:
 
 - column sums of attention over all rows (H2O / ``ObservedAttentionPress``), since new rows only add to them;
@@ -9,7 +13,8 @@ per layer, the statistics every press needs to score the *whole* history stay up
   window's attention and TOVA the newest row's.
 
 ``compress`` then builds, for one press at one budget, the cache a full re-prefill of the history under
-that press would have produced, by handing the press's own ``score`` these statistics.
+that press would have produced, by handing the press's own ``score`` these statistics. ``supports`` says
+which presses' scores read nothing else; any other press needs its own prefill.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from kvpress import ObservedAttentionPress, ScorerPress
+from kvpress import ObservedAttentionPress, ScorerPress, SnapKVPress, StreamingLLMPress
+from kvpress import TOVAPress as KVPressTOVAPress
+from kvpress.presses.base_press import BasePress
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache, PreTrainedModel
 
-from presses import RMMPress
+from presses import RMMPress, TOVAPress
 from presses.attention import attention_column_sums
 from presses.ordered_scorer_press import OrderedScorerPress, kept_indices
 from presses.teacher_forcing import teacher_forced_correctness
@@ -37,6 +44,30 @@ class LayerStatistics:
     recent_hidden: torch.Tensor  # (batch, <= RECENT_ROWS, hidden): the layer input of the newest rows
     recent_cos: torch.Tensor  # (batch, <= RECENT_ROWS, head_dim)
     recent_sin: torch.Tensor
+
+
+LayerInput = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]  # hidden states, rotary (cos, sin)
+
+
+@torch.no_grad()
+def forward_capturing_layer_inputs(
+    model: PreTrainedModel, ids: torch.Tensor, cache: DynamicCache, start: int
+) -> tuple[torch.Tensor, dict[int, LayerInput]]:
+    """Run the decoder stack over ``ids`` at positions ``start`` onwards, extending ``cache``; returns the final
+    hidden states and, per layer index, the attention layer's input and rotary embeddings."""
+    captured: dict[int, LayerInput] = {}
+
+    def capture(module, args, kwargs, output):
+        captured[module.layer_idx] = (kwargs["hidden_states"], kwargs["position_embeddings"])
+
+    hooks = [layer.self_attn.register_forward_hook(capture, with_kwargs=True) for layer in model.model.layers]
+    try:
+        positions = torch.arange(start, start + ids.shape[1], device=model.device).unsqueeze(0)
+        hidden = model.model(input_ids=ids, past_key_values=cache, position_ids=positions)[0]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return hidden, captured
 
 
 def _grow(sums: torch.Tensor | None, length: int) -> torch.Tensor | None:
@@ -58,7 +89,8 @@ class History:
         self.token_ids: list[int] = []
         self.weights: list[float] = []
         self.layers: list[LayerStatistics] = []
-        self._newest_prediction: int | None = None  # the argmax at the newest row, awaiting its next token
+        self.newest_logits: torch.Tensor | None = None  # (1, 1, vocab): the prediction after the newest token
+        self._newest_prediction: int | None = None  # its argmax, awaiting the next token
         self._newest_teacher_forced = False
 
     @property
@@ -67,21 +99,11 @@ class History:
 
     @torch.no_grad()
     def extend(self, token_ids: list[int], kind: str) -> None:
-        """Append tokens of one kind ("conversation", "question" or "answer") and update every statistic."""
+        """Append tokens of one kind (e.g. "context", or "conversation", "question", "answer") and update
+        every statistic."""
         start, attention = self.length, [layer.self_attn for layer in self.model.model.layers]
-        captured: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = {}
-
-        def capture(module, args, kwargs, output):
-            captured[module.layer_idx] = (kwargs["hidden_states"], kwargs["position_embeddings"])
-
-        hooks = [module.register_forward_hook(capture, with_kwargs=True) for module in attention]
-        try:
-            ids = torch.tensor([token_ids], device=self.model.device)
-            positions = torch.arange(start, start + len(token_ids), device=self.model.device).unsqueeze(0)
-            hidden = self.model.model(input_ids=ids, past_key_values=self.cache, position_ids=positions)[0]
-        finally:
-            for hook in hooks:
-                hook.remove()
+        ids = torch.tensor([token_ids], device=self.model.device)
+        hidden, captured = forward_capturing_layer_inputs(self.model, ids, self.cache, start)
 
         # Row t's weight is its teacher-forced correctness (does its argmax equal token t + 1?) for the
         # teacher-forced kinds, else 1; the newest row's next token is unknown until the next extension.
@@ -91,7 +113,8 @@ class History:
         revise = self._newest_teacher_forced and self._newest_prediction != token_ids[0]
         if revise:
             self.weights[-1] = 0.0
-        self._newest_prediction = int(self.model.get_output_embeddings()(hidden[:, -1]).argmax())
+        self.newest_logits = self.model.get_output_embeddings()(hidden[:, -1:])
+        self._newest_prediction = int(self.newest_logits.argmax())
         self._newest_teacher_forced = teacher_forced
         self.token_ids += token_ids
         self.weights += new_weights
@@ -124,13 +147,26 @@ class History:
             else:
                 self.layers.append(statistics)
 
+    @staticmethod
+    def supports(press: BasePress | None) -> bool:
+        """Whether the press's score reads only what the history keeps (exact types: a subclass may read more).
+
+        RMM with a commit lag or supplied weights, and SnapKV with a window of ``RECENT_ROWS`` or more, do not.
+        """
+        if press is None or type(press) in (ObservedAttentionPress, StreamingLLMPress, TOVAPress, KVPressTOVAPress):
+            return True
+        if type(press) is SnapKVPress:
+            return press.window_size < RECENT_ROWS
+        return type(press) is RMMPress and press.lag is None and isinstance(press.correctness, str)
+
     def scores(self, press: ScorerPress, layer: int) -> torch.Tensor:
         """The press's own scores over the whole history, (batch, num_kv_heads, length)."""
         module = self.model.model.layers[layer].self_attn
         statistics = self.layers[layer]
         keys, values = self.cache.layers[layer].keys, self.cache.layers[layer].values
         if isinstance(press, RMMPress):
-            return press.demonstrated_utility(statistics.weighted_sums.to(keys.dtype), self.length, keys.shape[1])
+            sums = statistics.weighted_sums if press.teacher_forced else statistics.column_sums
+            return press.demonstrated_utility(sums.to(keys.dtype), self.length, keys.shape[1])
         if isinstance(press, ObservedAttentionPress):
             # its score reads only attentions.sum(2): the running column sums stand for the full matrix
             return press.score(module, None, keys, values, statistics.column_sums.to(keys.dtype).unsqueeze(2), {})
@@ -140,6 +176,8 @@ class History:
     def compress(self, press: ScorerPress | None) -> tuple[DynamicCache, list[torch.Tensor]]:
         """A compressed copy for answering (the full cache itself when ``press`` is None), and the kept indices
         per layer. The press keeps its own selection rule; kept keys keep their original positions."""
+        if not self.supports(press):
+            raise ValueError(f"{type(press).__name__} reads more than the history keeps: give it its own prefill")
         if press is None or press.compression_ratio == 0:
             indices = [torch.arange(self.length).expand(1, layer.keys.shape[1], -1) for layer in self.cache.layers]
             return self.cache, indices

@@ -1,0 +1,88 @@
+"""Grid speed: the default LongBench grid on the shared path against the per-cell path, side by side.
+
+For each of the first ``--n`` multi_news examples (full default truncation), one process times the 13 cells
+of the default grid (7 presses x 2 budgets + full cache) twice: on the per-cell reference path (one
+KVPress prefill and one batch-1 decode per cell, eager attention for H2O) and on the shared path (one
+full-cache prefill, every press's cache derived from it, one batched decode). The path that runs first
+alternates from example to example. Prints and writes each example's wall times, their ratio and the median
+ratio, and how many cells predicted the same text on both paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=2, help="multi_news examples (default 2)")
+    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared/data/longbench")
+    parser.add_argument("--output", type=Path, default=ROOT / "results/bench/grid.json")
+    args = parser.parse_args()
+
+    from evaluation.budgets import parse_budgets, press_cells
+    from evaluation.cli import DEFAULT_RATIOS
+    from evaluation.longbench.data import load_configs, load_task
+    from evaluation.longbench.prompts import build_prompt
+    from evaluation.longbench.runner import LongBenchConfig, prompt_budget, run_cell, run_shared
+    from evaluation.models import SMOLLM2_ALIAS, load_model
+    from evaluation.press_registry import PRESS_NAMES
+
+    model, tokenizer = load_model(SMOLLM2_ALIAS)
+    config = LongBenchConfig(
+        model=SMOLLM2_ALIAS,
+        tasks=["multi_news"],
+        presses=list(PRESS_NAMES),
+        budgets=parse_budgets(DEFAULT_RATIOS, None),
+        n=args.n,
+        query_aware=False,
+        data_dir=str(args.data_dir),
+        output=Path(tempfile.mkdtemp()),
+    )
+    task = load_configs(args.data_dir, config.tasks)["multi_news"]
+    cells = press_cells(config.presses, config.budgets, "")
+    report: dict = {"cells": len(cells), "examples": []}
+    for index, example in enumerate(load_task(args.data_dir, "multi_news", args.n)):
+        prompt = build_prompt(example, task, tokenizer, prompt_budget(config, model, tokenizer, task), False)
+        seconds, predictions = {}, {}
+        for path in ("shared", "per-cell") if index % 2 == 0 else ("per-cell", "shared"):
+            start = time.perf_counter()
+            if path == "shared":
+                rows = run_shared(model, tokenizer, config, task, example, prompt, cells)
+            else:
+                rows = [run_cell(model, tokenizer, config, task, example, prompt, *cell) for cell in cells]
+            seconds[path] = time.perf_counter() - start
+            predictions[path] = [row["prediction"] for row in rows]
+            print(f"{example.id}: {path} {seconds[path]:.1f} s", flush=True)
+        same = sum(a == b for a, b in zip(predictions["shared"], predictions["per-cell"], strict=True))
+        report["examples"].append(
+            {
+                "id": example.id,
+                "context_tokens": prompt.context_ids.shape[1],
+                "shared_seconds": round(seconds["shared"], 1),
+                "per_cell_seconds": round(seconds["per-cell"], 1),
+                "ratio": round(seconds["shared"] / seconds["per-cell"], 3),
+                "same_predictions": same,
+            }
+        )
+    report["median_ratio"] = statistics.median(example["ratio"] for example in report["examples"])
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    for example in report["examples"]:
+        print(
+            f"{example['id']} ({example['context_tokens']} tokens): shared {example['shared_seconds']} s, "
+            f"per-cell {example['per_cell_seconds']} s, ratio {example['ratio']:.3f}, "
+            f"{example['same_predictions']}/{len(cells)} same predictions"
+        )
+    print(f"median shared / per-cell wall time: {report['median_ratio']:.3f} (target <= 0.25)")
+
+
+if __name__ == "__main__":
+    main()

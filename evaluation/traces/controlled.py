@@ -1,0 +1,125 @@
+"""The paper's controlled model of delayed utility (section 6), as a simulator.
+
+N items arrive one per step; U of them, chosen at random, are useful. A useful item is used once at a delay
+d <= H after it arrives (its signal) and again at a far test time T; useless items are never used; at
+arrival the two look the same. Every step also spreads one unit of background attention evenly over the
+cached items (what accumulated attention accumulates besides uses). After the last arrival the stream runs
+H more steps, so every signal has happened, and test recall is the share of useful items held at T.
+
+Policies, each with K committed slots: recency (the K newest), accumulated use (evict the least attended,
+an H2O-style filter), a predictor that labels each item at arrival and is right with probability p, the
+lag-H smoother (a provisional buffer of the H newest items, committing an item only if it was used while
+provisional), and Belady (evicts the item whose next use is farthest). Theory: the smoother and Belady reach
+min(1, K / U); online filters hold about K / N of the useful items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+POLICIES = ("recency", "accumulated", "predictor", "smoother", "belady")
+NEVER = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class Setting:
+    items: int  # N
+    useful: int  # U
+    capacity: int  # K
+    lag: int  # H: the largest signal delay, and the smoother's provisional buffer
+    accuracy: float = 0.8  # the predictor's p
+
+
+def stream(setting: Setting, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Which items are useful, and each item's signal step (NEVER for useless items)."""
+    useful = np.zeros(setting.items, dtype=bool)
+    useful[rng.choice(setting.items, setting.useful, replace=False)] = True
+    delays = rng.integers(1, setting.lag + 1, setting.items)
+    return useful, np.where(useful, np.arange(setting.items) + delays, NEVER)
+
+
+def simulate(policy: str, setting: Setting, seed: int) -> float:
+    """Test recall of one policy on one random stream."""
+    rng = np.random.default_rng(seed)
+    useful, signal = stream(setting, rng)
+    predicted = np.where(rng.random(setting.items) < setting.accuracy, useful, ~useful)
+    test_time = setting.items + setting.lag
+    cached: list[int] = []
+    score = np.zeros(setting.items)
+    provisional: list[int] = []
+    for step in range(test_time):
+        if step < setting.items:
+            (provisional if policy == "smoother" else cached).append(step)
+        used = np.flatnonzero(signal == step)
+        if policy == "smoother":
+            score[used] += 1
+            while provisional and step - provisional[0] >= setting.lag:
+                item = provisional.pop(0)
+                if score[item] > 0:
+                    cached.append(item)
+        elif policy == "accumulated":
+            score[cached] += 1 / len(cached) if cached else 0
+            score[[item for item in used if item in cached]] += 1
+        while len(cached) > setting.capacity:
+            cached.remove(victim(policy, cached, score, predicted, signal, step, test_time, useful))
+    return float(useful[cached].sum() / setting.useful)
+
+
+def victim(
+    policy: str,
+    cached: list[int],
+    score: np.ndarray,
+    predicted: np.ndarray,
+    signal: np.ndarray,
+    step: int,
+    test_time: int,
+    useful: np.ndarray,
+) -> int:
+    """The item each policy evicts (ties: the oldest)."""
+    if policy == "recency":
+        return cached[0]
+    if policy == "belady":
+        next_use = [signal[i] if signal[i] > step else (test_time if useful[i] else NEVER) for i in cached]
+        return cached[int(np.argmax(next_use))]
+    keys = score[cached] if policy in ("accumulated", "smoother") else predicted[cached].astype(float)
+    return cached[int(np.argmin(keys))]
+
+
+def recall(policy: str, setting: Setting, seeds: int = 20) -> float:
+    """Mean test recall over ``seeds`` random streams (seeds 0..seeds-1: deterministic)."""
+    return float(np.mean([simulate(policy, setting, seed) for seed in range(seeds)]))
+
+
+PAPER_SETTING = Setting(items=300, useful=30, capacity=100, lag=8)  # K / N = 0.33, K / U > 1
+FIGURE_2_CAPACITY, FIGURE_2_USEFUL = 40, 20
+FIGURE_2_LENGTHS = tuple(range(40, 401, 40))
+
+
+def figure_2(policy: str, seeds: int = 20) -> list[float]:
+    """Retention of the reused items against trajectory length, at K = 40 (U = 20 reused items)."""
+    return [recall(policy, Setting(n, FIGURE_2_USEFUL, FIGURE_2_CAPACITY, 8), seeds) for n in FIGURE_2_LENGTHS]
+
+
+def plot(path: Path, seeds: int = 20) -> None:
+    figure = Figure(figsize=(10, 4), dpi=100)
+    left, right = figure.subplots(1, 2)
+    setting = PAPER_SETTING
+    left.bar(POLICIES, [recall(p, setting, seeds) for p in POLICIES], color="tab:blue")
+    left.axhline(setting.capacity / setting.items, linestyle="--", color="gray", label="K / N (online floor)")
+    left.axhline(min(1, setting.capacity / setting.useful), linestyle=":", color="black", label="min(1, K / U)")
+    left.set_title(f"test recall, N={setting.items} U={setting.useful} K={setting.capacity} H={setting.lag}")
+    left.legend(fontsize=8)
+    left.tick_params(axis="x", labelsize=8)
+    for policy in POLICIES:
+        right.plot(FIGURE_2_LENGTHS, figure_2(policy, seeds), marker="o", markersize=3, label=policy)
+    right.set_xlabel("trajectory length (items)")
+    right.set_ylabel("retention of reused items")
+    right.set_title(f"K = {FIGURE_2_CAPACITY}, {FIGURE_2_USEFUL} reused items")
+    right.legend(fontsize=8)
+    right.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)

@@ -1,0 +1,125 @@
+"""Attention traces: the per-step attention of a model reading a real text, from one full-cache prefill.
+
+Row t of a layer's trace is the attention of query t over positions 0..t, which is exactly what step t of
+decoding with the full cache would see. Rows are averaged over all query heads (one group) or over the query
+heads of each KV group, and computed chunk by chunk from queries and keys. Each row also carries its
+teacher-forced correctness (is the model's top-1 prediction at t the actual token t + 1? the last row: 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from evaluation.errors import EvaluationError
+from evaluation.history import forward_capturing_layer_inputs
+from evaluation.locomo.data import load_conversations
+from evaluation.locomo.render import render_conversation
+from evaluation.models import cache_root
+from presses.attention import attention_row_chunks, group_mean
+from presses.teacher_forcing import teacher_forced_correctness
+
+SOURCES = ("multi_news", "locomo")
+
+
+@dataclass
+class Trace:
+    name: str
+    token_ids: list[int]
+    correct: torch.Tensor  # (length,) teacher-forced correctness of each row
+    layers: list[torch.Tensor]  # per layer (groups, length, length): row t = step t's attention, zero after t
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+@torch.no_grad()
+def record(model: PreTrainedModel, token_ids: list[int], name: str, per_kv_group: bool = False) -> Trace:
+    """One full-cache prefill of ``token_ids``; every layer's attention rows and every row's correctness."""
+    ids = torch.tensor([token_ids], device=model.device)
+    cache = DynamicCache()
+    hidden, captured = forward_capturing_layer_inputs(model, ids, cache, 0)
+    correct = teacher_forced_correctness(model.get_output_embeddings(), hidden, ids)[0].cpu()
+    layers = []
+    for index, layer in enumerate(model.model.layers):
+        layer_input, rotary = captured[index]
+        keys = cache.layers[index].keys
+        groups = keys.shape[1] if per_kv_group else 1
+        rows = torch.zeros(groups, len(token_ids), len(token_ids))
+        for positions, probs in attention_row_chunks(
+            layer.self_attn, layer_input, keys, {"position_embeddings": rotary}
+        ):
+            rows[:, positions, : probs.shape[-1]] = group_mean(probs.float(), groups)[0].cpu()
+        layers.append(rows)
+    return Trace(name, token_ids, correct, layers)
+
+
+def source_text(source: str, index: str, data_root: Path) -> str:
+    """A real text of the shared data: ``multi_news`` context number ``index`` or the LoCoMo conversation
+    ``index`` (a sample id such as conv-26), rendered as the LoCoMo protocol renders it."""
+    if source == "multi_news":
+        path = data_root / "longbench" / "multi_news.jsonl"
+        if not path.is_file():
+            raise EvaluationError(f"{path} not found: pass --data-root, the folder holding longbench/ and locomo/")
+        lines = path.read_text().splitlines()
+        if not index.isdigit() or int(index) >= len(lines):
+            raise EvaluationError(f"multi_news has contexts 0..{len(lines) - 1}; got {index!r}")
+        return json.loads(lines[int(index)])["context"]
+    if source == "locomo":
+        path = data_root / "locomo" / "locomo10.json"
+        if not path.is_file():
+            raise EvaluationError(f"{path} not found: pass --data-root, the folder holding longbench/ and locomo/")
+        conversations = {c.sample_id: c for c in load_conversations(path)}
+        if index not in conversations:
+            raise EvaluationError(f"unknown LoCoMo conversation {index!r}; the data holds {', '.join(conversations)}")
+        return render_conversation(conversations[index], conversations[index].sessions)
+    raise EvaluationError(f"unknown trace source {source!r}: use {' or '.join(f'{s}:INDEX' for s in SOURCES)}")
+
+
+def parse_source(spec: str) -> tuple[str, str]:
+    source, _, index = spec.partition(":")
+    if source not in SOURCES or not index:
+        raise EvaluationError(f"trace text {spec!r} must be multi_news:N or locomo:SAMPLE_ID (e.g. multi_news:0)")
+    return source, index
+
+
+def trace_name(model_name: str, spec: str, length: int, per_kv_group: bool) -> str:
+    return f"{Path(model_name).name}_{spec.replace(':', '-')}_{length}_{'kv-groups' if per_kv_group else 'heads'}"
+
+
+def load_or_record(
+    model_loader,
+    model_name: str,
+    spec: str,
+    length: int,
+    per_kv_group: bool,
+    data_root: Path,
+) -> Trace:
+    """The named trace from the cache, else recorded (with ``model_loader()``) and cached; deterministic."""
+    name = trace_name(model_name, spec, length, per_kv_group)
+    key = hashlib.sha256(name.encode()).hexdigest()[:12]
+    path = cache_root() / "traces" / f"{name}-{key}.pt"
+    if path.is_file():
+        stored = torch.load(path)
+        return Trace(name, stored["token_ids"], stored["correct"], list(stored["layers"]))
+    model, tokenizer = model_loader()
+    token_ids = text_tokens(tokenizer, source_text(*parse_source(spec), data_root), length, spec)
+    trace = record(model, token_ids, name, per_kv_group)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    torch.save({"token_ids": trace.token_ids, "correct": trace.correct, "layers": trace.layers}, staging)
+    staging.replace(path)
+    return trace
+
+
+def text_tokens(tokenizer: PreTrainedTokenizerBase, text: str, length: int, spec: str) -> list[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) < length:
+        raise EvaluationError(f"{spec} has {len(ids)} tokens, fewer than --length {length}: pick a longer text")
+    return ids[:length]

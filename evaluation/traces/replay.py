@@ -1,0 +1,66 @@
+"""Step-by-step replay of a policy on one layer's trace at a budget, and the trace-level metrics.
+
+From step ``budget`` on, each step admits the new position and the policy evicts its lowest-scored held
+position (ties evict the lower position), so B positions stay held. Metrics, over the steps where the cache
+is full (t >= B), averaged over the layer's groups:
+
+- retained mass: the share of step t's full-cache attention on what the policy holds at step t (the B
+  positions kept so far and t itself);
+- hit rate: of the positions step t requests (attention >= the trace's threshold, Belady's requests), the
+  share the policy holds;
+- heavy-hitter recall: the share of the B positions with the largest cumulative attention over the whole
+  trace that the policy holds after the last step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from evaluation.traces.policies import LayerTrace, Policy
+
+PROTECTED = torch.finfo(torch.float32).max  # +inf scores (never evict) stay above every unheld position
+
+
+@dataclass(frozen=True)
+class Replay:
+    retained_mass: float
+    hit_rate: float
+    heavy_hitter_recall: float
+    held: torch.Tensor  # (groups, length) bool: what the policy holds after the last step
+
+
+def replay(trace: LayerTrace, policy: Policy, budget: int) -> Replay:
+    groups, length = trace.groups, trace.length
+    if not 0 < budget < length:
+        raise ValueError(f"budget {budget} must be between 1 and the trace length {length} (exclusive)")
+    held = torch.zeros(groups, length, dtype=torch.bool)
+    held[:, :budget] = True
+    mass = torch.zeros(groups)
+    hits = requests = 0
+    every_group = torch.arange(groups)
+    for t in range(budget, length):
+        held[:, t] = True
+        row, now = trace.rows[:, t, : t + 1], held[:, : t + 1]
+        mass += (row * now).sum(-1)
+        uses = row[:, :t] >= trace.threshold
+        hits += int((uses & now[:, :t]).sum())
+        requests += int(uses.sum())
+        scores = policy.scores(trace, t, budget).float().clamp(max=PROTECTED).masked_fill(~now, float("inf"))
+        held[every_group, scores.argmin(-1)] = False
+    heavy = torch.zeros_like(held).scatter_(1, trace.cumulative[:, -1].topk(budget, dim=-1).indices, True)
+    return Replay(
+        retained_mass=float(mass.mean()) / (length - budget),
+        hit_rate=hits / requests if requests else 1.0,
+        heavy_hitter_recall=float((held & heavy).sum()) / (groups * budget),
+        held=held,
+    )
+
+
+def recent_share(trace: LayerTrace, window: int = 64) -> float:
+    """The mean share of each step's attention on the ``window`` most recent positions (the step included)."""
+    length = trace.length
+    keys, steps = torch.arange(length), torch.arange(length)[:, None]
+    recent = (steps - keys[None, :] < window) & (keys[None, :] <= steps)
+    return float((trace.rows * recent).sum(-1).mean())

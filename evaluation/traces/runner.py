@@ -1,0 +1,174 @@
+"""The trace protocol: record attention traces of real texts, replay every policy at every budget against
+Belady, sweep RMM's commit lag, and write the scorecard, the plots and the paper's controlled model.
+
+Rows (``predictions.jsonl``, one per trace x policy x budget x metric, resumable) hold the metric's mean over
+layers as ``score`` and its value per layer; the scorecard's examples are the traces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from evaluation.budgets import Budget
+from evaluation.errors import EvaluationError
+from evaluation.models import load_model_or_explain
+from evaluation.run_record import RunRecord
+from evaluation.scorecard import Entry, entries_from_rows, write_tables
+from evaluation.store import ResultStore
+from evaluation.traces import controlled
+from evaluation.traces.policies import LAG_SWEEP, LayerTrace, Policy, default_policies, lag_sweep
+from evaluation.traces.record import Trace, load_or_record, parse_source
+from evaluation.traces.replay import Replay, recent_share, replay
+
+METRICS = ("retained_mass", "heavy_hitter_recall", "hit_rate")
+RECENT, FIRST = 64, 4  # the TOVA seed's claim: the 64 most recent and the 4 first positions stay held
+RESULTS_DEFINING = ("model", "length", "per_kv_group", "threshold")
+
+
+@dataclass
+class TracesConfig:
+    model: str
+    texts: list[str]
+    length: int
+    budgets: list[int]
+    per_kv_group: bool
+    threshold: float
+    data_root: Path
+    output: Path
+    device: str = "cpu"
+
+
+def row_key(row: dict) -> tuple[str, str, str, str]:
+    return row["trace"], row["press"], row["budget"], row["metric"]
+
+
+def held_counts(held: torch.Tensor) -> tuple[float, float]:
+    """How many of the most recent ``RECENT`` and of the first ``FIRST`` positions are held (mean over groups)."""
+    return float(held[:, -RECENT:].sum(-1).float().mean()), float(held[:, :FIRST].sum(-1).float().mean())
+
+
+def metric_rows(trace: Trace, policy: Policy, budget: int, replays: list[Replay]) -> list[dict]:
+    label = Budget("tokens", budget)
+    common = {"trace": trace.name, "press": policy.name, "budget": label.key, "budget_label": label.label}
+    held = [held_counts(r.held) for r in replays]
+    counts = {f"recent_{RECENT}_held": [h[0] for h in held], f"first_{FIRST}_held": [h[1] for h in held]}
+    rows = []
+    for metric in METRICS:
+        per_layer = [getattr(r, metric) for r in replays]
+        rows.append({**common, "metric": metric, "score": sum(per_layer) / len(per_layer), "per_layer": per_layer})
+    rows[0].update(counts)
+    return rows
+
+
+def runnable(policy: Policy, budget: int) -> bool:
+    """A lag whose provisional buffer fills the whole budget leaves nothing to commit: not run."""
+    lag = getattr(policy, "lag", None)
+    return lag is None or lag < budget
+
+
+def run(config: TracesConfig) -> Path:
+    for spec in config.texts:
+        parse_source(spec)
+    if any(b < 64 or b >= config.length for b in config.budgets):
+        raise EvaluationError(f"budgets must be at least 64 (SnapKV's window) and below --length {config.length}")
+    if not 0 < config.threshold < 1:
+        raise EvaluationError(f"--threshold {config.threshold} must be in (0, 1): the attention that counts as a use")
+    settings = {**asdict(config), "output": str(config.output), "data_root": str(config.data_root)}
+    record = RunRecord(config.output, settings, RESULTS_DEFINING)
+    store = ResultStore(config.output / "predictions.jsonl", row_key)
+    policies = default_policies() + lag_sweep()
+    loaded: list = []
+
+    def model_loader():
+        if not loaded:
+            loaded.append(load_model_or_explain(config.model, device=config.device))
+        return loaded[0]
+
+    summaries, ran = {}, 0
+    for spec in config.texts:
+        trace = load_or_record(model_loader, config.model, spec, config.length, config.per_kv_group, config.data_root)
+        layers = [LayerTrace(rows, trace.correct, config.threshold) for rows in trace.layers]
+        summaries[trace.name] = {
+            "text": spec,
+            "length": trace.length,
+            "teacher_forced_accuracy": float(trace.correct[:-1].mean()),
+            f"recent_{RECENT}_attention_share": [recent_share(layer, RECENT) for layer in layers],
+        }
+        cells = [(p, b) for b in config.budgets for p in policies if runnable(p, b)]
+        todo = [(p, b) for p, b in cells if (trace.name, p.name, Budget("tokens", b).key, METRICS[0]) not in store]
+        for policy, budget in tqdm(todo, desc=f"replay {spec}", unit="policy x budget"):
+            for row in metric_rows(trace, policy, budget, [replay(layer, policy, budget) for layer in layers]):
+                store.append(row)
+            ran += 1
+    write_traces_scorecard(config.output, store.rows, summaries, config.budgets)
+    record.finish(ran, model=config.model, device=config.device, traces=summaries)
+    return config.output
+
+
+def traces_entries(rows: list[dict]) -> list[Entry]:
+    return entries_from_rows(rows, lambda row: [row["metric"]], scale=1, digits=3)
+
+
+def write_traces_scorecard(output: Path, rows: list[dict], summaries: dict, budgets: list[int]) -> None:
+    labels = [Budget("tokens", b).label for b in budgets]
+    main = [p.name for p in default_policies()]
+    sweep = [p.name for p in lag_sweep()]
+    entries = traces_entries(rows)
+    write_tables(output, entries, main + sweep, labels, f"Traces: {output.name}", "Trace metrics, mean over layers", 3)
+    plot_retained_mass(output / "retained_mass.png", entries, main, labels)
+    plot_lag_sweep(output / "lag_sweep.png", entries, labels)
+    controlled.plot(output / "controlled.png")
+
+
+def plot_retained_mass(path: Path, entries: list[Entry], policies: list[str], labels: list[str]) -> None:
+    figure = Figure(figsize=(8, 4.5), dpi=100)
+    axes = figure.add_subplot()
+    for policy in policies:
+        points = [
+            (i, e.score)
+            for i, label in enumerate(labels)
+            for e in entries
+            if (e.condition, e.budget, e.press) == ("retained_mass", label, policy)
+        ]
+        if points:
+            style = {"color": "black", "linewidth": 2.5} if policy == "belady" else {}
+            axes.plot(*zip(*points, strict=True), marker="o", label=policy, **style)
+    axes.set_xticks(range(len(labels)), labels)
+    axes.set_xlabel("budget")
+    axes.set_ylabel("retained attention mass (mean over steps and layers)")
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def plot_lag_sweep(path: Path, entries: list[Entry], labels: list[str]) -> None:
+    figure = Figure(figsize=(8, 4.5), dpi=100)
+    axes = figure.add_subplot()
+    for label in labels:
+        points = [
+            (lag, e.score)
+            for lag in LAG_SWEEP
+            for e in entries
+            if (e.condition, e.budget, e.press) == ("hit_rate", label, f"rmm-H{lag}")
+        ]
+        if not points:
+            continue
+        line = axes.plot([max(lag, 0.5) for lag, _ in points], [s for _, s in points], marker="o", label=label)[0]
+        for name, style in (("tova", ":"), ("h2o", "--"), ("belady", "-.")):
+            reference = [e.score for e in entries if (e.condition, e.budget, e.press) == ("hit_rate", label, name)]
+            if reference:
+                axes.axhline(reference[0], linestyle=style, color=line.get_color(), alpha=0.6)
+    axes.set_xscale("log")
+    axes.set_xlabel("RMM commit lag H (0 drawn at 0.5)")
+    axes.set_ylabel("hit rate on Belady's requests")
+    axes.set_title("lag sweep; horizontal lines: TOVA (dotted), H2O (dashed), Belady (dash-dot)", fontsize=9)
+    axes.legend(title="budget", fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)

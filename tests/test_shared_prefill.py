@@ -1,0 +1,95 @@
+"""The shared path (one full-cache prefill per example, batched decoding) against the per-cell reference path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from kvpress import KnormPress
+
+from evaluation.budgets import Budget
+from evaluation.generation import decode, decode_batch, generate
+from evaluation.history import History
+from evaluation.press_registry import PRESSES, PressSpec, make_press
+from tests.helpers import prefill, tiny_model
+from tests.test_longbench_protocol import data_dir, longbench, model_dir, read_rows  # noqa: F401
+
+CELLS = [("full", None)] + [
+    (name, Budget(kind, value)) for name in PRESSES for kind, value in [("ratio", 0.5), ("tokens", 30)]
+]
+
+
+def per_cell_caches(model, context: torch.Tensor, press_name: str, budget: Budget | None):
+    ratio = budget.compression_ratio(context.shape[1]) if budget else 0.0
+    model.set_attn_implementation("eager" if PRESSES.get(press_name, PressSpec(KnormPress)).needs_eager else "sdpa")
+    return prefill(model, context, make_press(press_name, ratio))
+
+
+def test_batched_decoding_of_caches_of_different_lengths_equals_one_at_a_time(arch):
+    model = tiny_model(arch, "sdpa")
+    generator = torch.Generator().manual_seed(3)
+    context = torch.randint(3, 256, (1, 80), generator=generator)
+    question = torch.randint(3, 256, (1, 6), generator=generator)
+    history = History(model, frozenset({"context"}))
+    history.extend(context[0].tolist(), "context")
+    cells = [("full", 0.0), ("tova", 0.5), ("snapkv", 0.75), ("rmm", 0.25)]
+    caches = [history.compress(make_press(name, ratio))[0] for name, ratio in cells]
+    unstopped = decode_batch(model, caches, question, 80, 12, set())
+    stop = {unstopped[1][4]}  # the second cache stops early; the others may run on
+    batched = decode_batch(model, caches, question, 80, 12, stop)
+    assert len({len(tokens) for tokens in batched}) > 1, "sequences leave the batch at different steps"
+    history.release(caches[0])
+    for (name, ratio), tokens in zip(cells, batched, strict=True):
+        single = decode(model, history.compress(make_press(name, ratio))[0], question, 80, 12, stop)
+        history.release(history.cache)
+        assert tokens == single, name
+
+
+@pytest.mark.parametrize(("press_name", "budget"), CELLS, ids=[f"{p}-{b.key if b else 'full'}" for p, b in CELLS])
+def test_shared_and_per_cell_paths_keep_the_same_positions_and_predict_the_same(arch, press_name, budget):
+    model = tiny_model(arch, "sdpa")
+    generator = torch.Generator().manual_seed(5)
+    context = torch.randint(3, 256, (1, 90), generator=generator)
+    question = torch.randint(3, 256, (1, 5), generator=generator)
+    ratio = budget.compression_ratio(90) if budget else 0.0
+    history = History(model, frozenset({"context"}))
+    history.extend(context[0].tolist(), "context")
+    cache, kept = history.compress(make_press(press_name, ratio))
+    full = prefill(model, context)
+    reference = per_cell_caches(model, context, press_name, budget)
+    for layer, indices in enumerate(kept):
+        expected = torch.cdist(reference.layers[layer].keys, full.layers[layer].keys, p=float("inf")).argmin(-1)
+        assert torch.equal(indices.sort(-1).values, expected.sort(-1).values), f"layer {layer}"
+    shared = decode_batch(model, [cache], question, 90, 10, set())[0]
+    per_cell = generate(model, context, question, make_press(press_name, ratio), 10, set()).token_ids
+    model.set_attn_implementation("sdpa")
+    assert shared == per_cell
+
+
+def test_the_grid_on_both_paths_agrees_and_records_the_path_each_press_took(
+    model_dir,  # noqa: F811
+    data_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """KNorm is not a press the history can score: it falls back to the per-cell path on its own."""
+    monkeypatch.setitem(PRESSES, "knorm", PressSpec(KnormPress))
+    monkeypatch.setattr("evaluation.press_registry.PRESS_NAMES", ("full", *PRESSES))
+    shared_run, per_cell_run = tmp_path / "shared", tmp_path / "per-cell"
+    presses = ("--presses", "full", "snapkv", "h2o", "tova", "rmm", "knorm")
+    assert longbench(model_dir, data_dir, shared_run, *presses) == 0
+    assert longbench(model_dir, data_dir, per_cell_run, *presses, "--path", "per-cell") == 0
+    shared, per_cell = read_rows(shared_run), read_rows(per_cell_run)
+    assert len(shared) == len(per_cell) == 2 * 2 * (1 + 5 * 2)
+    for row in shared:
+        assert row["path"] == ("per-cell" if row["press"] == "knorm" else "shared")
+        assert row["attn_implementation"] == (
+            "eager" if row["press"] == "h2o" and row["path"] == "per-cell" else "sdpa"
+        )
+    assert {row["path"] for row in per_cell} == {"per-cell"}
+    key = ("task", "id", "press", "budget")
+    by_key = {tuple(row[k] for k in key): row for row in per_cell}
+    for row in shared:
+        other = by_key[tuple(row[k] for k in key)]
+        assert (row["prediction"], row["kept_tokens"]) == (other["prediction"], other["kept_tokens"]), json.dumps(row)

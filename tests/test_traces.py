@@ -1,0 +1,192 @@
+"""The eviction lab: traces equal the model's attention, each policy selects what its press selects, the
+replay and Belady follow their rules, the controlled model matches its theory, and the protocol runs end to
+end."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
+from kvpress.utils import compute_n_kept
+
+from evaluation.cli import main
+from evaluation.traces import controlled
+from evaluation.traces.policies import (
+    AccumulatedPolicy,
+    BeladyPolicy,
+    LayerTrace,
+    PressPolicy,
+    RMMPolicy,
+)
+from evaluation.traces.record import record
+from evaluation.traces.replay import replay
+from presses import RMMPress, TOVAPress
+from presses.ordered_scorer_press import kept_indices
+from tests.helpers import SHARED_DATA, kept_positions, tiny_model
+from tests.test_longbench_protocol import model_dir  # noqa: F401
+
+LENGTH = 96
+
+
+@pytest.fixture
+def trace_and_ids(arch):
+    model = tiny_model(arch, "eager")
+    ids = torch.randint(3, 256, (1, LENGTH), generator=torch.Generator().manual_seed(4))
+    return model, ids, record(model, ids[0].tolist(), "tiny", per_kv_group=True)
+
+
+def test_trace_rows_are_the_models_attention(trace_and_ids):
+    model, ids, trace = trace_and_ids
+    with torch.no_grad():
+        outputs = model(input_ids=ids, output_attentions=True)
+    for layer, attentions in zip(trace.layers, outputs.attentions, strict=True):
+        expected = attentions[0].unflatten(0, (2, -1)).mean(1)  # (kv groups, length, length)
+        assert torch.allclose(layer, expected, atol=1e-5)
+    predicted = outputs.logits.argmax(-1)[0]
+    assert trace.correct.tolist() == [*(predicted[:-1] == ids[0, 1:]).float().tolist(), 1.0]
+
+
+@pytest.mark.parametrize(
+    ("policy", "press"),
+    [
+        (PressPolicy("tova", TOVAPress(), "newest"), TOVAPress),
+        (PressPolicy("observed_attention", ObservedAttentionPress(), "cumulative"), ObservedAttentionPress),
+        (PressPolicy("snapkv", SnapKVPress(), "window"), SnapKVPress),
+        (PressPolicy("streaming_llm", StreamingLLMPress(), "none"), StreamingLLMPress),
+        (RMMPolicy("rmm", None), RMMPress),
+        (RMMPolicy("rmm-H4", 4), lambda compression_ratio: RMMPress(compression_ratio, lag=4)),
+        (
+            RMMPolicy("rmm-H16", 16, teacher_forced=False),
+            lambda compression_ratio: RMMPress(compression_ratio, 16, "uniform"),
+        ),
+    ],
+    ids=lambda value: getattr(value, "name", ""),
+)
+def test_each_policy_selects_what_its_press_keeps(trace_and_ids, policy, press):
+    """One compression of the whole trace: the policy's scores at the last step keep the press's positions.
+
+    72 of 96 kept: more than SnapKV's window of 64, whose positions all tie at its maximum score."""
+    model, ids, trace = trace_and_ids
+    n_kept = compute_n_kept(LENGTH, 0.25)
+    pressed = kept_positions(model, ids, press(compression_ratio=0.25))
+    for layer, rows in enumerate(trace.layers):
+        scores = policy.scores(LayerTrace(rows, trace.correct), LENGTH - 1, n_kept)
+        ours = kept_indices(scores, n_kept)
+        assert torch.equal(ours.sort(-1).values, pressed[layer][0].sort(-1).values), f"layer {layer}"
+
+
+def hand_trace(rows: list[list[float]]) -> LayerTrace:
+    """A one-group trace from lower-triangular rows written out by hand."""
+    return LayerTrace(torch.tensor([rows]), torch.ones(len(rows)), threshold=0.3)
+
+
+def test_tova_evicts_what_the_newest_step_ignores_where_h2o_keeps_the_heavy_hitter():
+    """The TOVA spec's distinguishing case: position 0 was heavily attended early, then ignored."""
+    trace = hand_trace(
+        [
+            [1.0, 0, 0, 0],
+            [0.9, 0.1, 0, 0],
+            [0.05, 0.5, 0.45, 0],
+            [0.0, 0.4, 0.3, 0.3],
+        ]
+    )
+    tova = replay(trace, PressPolicy("tova", TOVAPress(), "newest"), 2)
+    h2o = replay(trace, AccumulatedPolicy("accumulated"), 2)
+    assert tova.held[0].tolist() == [False, True, False, True]
+    assert h2o.held[0].tolist() == [True, True, False, False]
+    # step 2 holds {0, 1, 2} under both; step 3: TOVA holds {1, 2, 3} (it dropped 0), H2O {0, 1, 3}
+    assert tova.retained_mass == pytest.approx((1.0 + 1.0) / 2)
+    assert h2o.retained_mass == pytest.approx((1.0 + 0.7) / 2)
+    assert h2o.heavy_hitter_recall == 1.0 and tova.heavy_hitter_recall == 0.5
+
+
+def test_belady_evicts_the_farthest_next_use_and_hits_every_request_it_can():
+    trace = hand_trace(
+        [
+            [1.0, 0, 0, 0, 0],
+            [0.5, 0.5, 0, 0, 0],
+            [0.1, 0.1, 0.8, 0, 0],
+            [0.6, 0.1, 0.2, 0.1, 0],
+            [0.1, 0.5, 0.1, 0.1, 0.2],
+        ]
+    )
+    belady = replay(trace, BeladyPolicy(), 2)
+    # next uses at step 2: 0 -> 3, 1 -> 4, 2 -> never: evict 2; at step 3: 0 and 3 -> never, 1 -> 4: evict 0
+    # (the lower of a tie); at step 4 nothing is used again: evict 1
+    assert belady.held[0].tolist() == [False, False, False, True, True]
+    assert belady.hit_rate == 1.0
+    assert replay(trace, AccumulatedPolicy("accumulated"), 2).hit_rate < 1.0
+
+
+def test_controlled_model_matches_its_theory():
+    setting = controlled.PAPER_SETTING
+    floor = setting.capacity / setting.items
+    recalls = {policy: controlled.recall(policy, setting) for policy in controlled.POLICIES}
+    assert recalls["smoother"] == recalls["belady"] == min(1, setting.capacity / setting.useful)
+    assert abs(recalls["recency"] - floor) < 0.06 and abs(recalls["accumulated"] - floor) < 0.06
+    assert floor < recalls["predictor"] < recalls["smoother"]
+
+
+def test_figure_2_shape_smoother_holds_while_recency_and_accumulation_decay():
+    smoother = controlled.figure_2("smoother", seeds=5)
+    assert min(smoother) == 1.0
+    for policy in ("recency", "accumulated"):
+        retention = controlled.figure_2(policy, seeds=5)
+        assert retention[0] == 1.0 and retention[-1] < 0.25, policy
+        assert all(later <= earlier + 0.1 for earlier, later in itertools.pairwise(retention)), policy
+
+
+def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
+    model_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
+    output = tmp_path / "traces"
+    argv = ["traces", "--model", str(model_dir), "--texts", "multi_news:0", "multi_news:1", "--length", "160"]
+    argv += ["--budgets", "64", "96", "--data-root", str(SHARED_DATA), "--output", str(output)]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    # 8 policies + the lags 0, 1, 4, 16, 64 below the budget 96 (64 only at 96), x 3 metrics, x 2 traces
+    assert len(rows) == 2 * 3 * (8 * 2 + 5 + 4)
+    for name in ("scorecard.md", "scorecard.csv", "retained_mass.png", "lag_sweep.png", "controlled.png"):
+        assert (output / name).stat().st_size > 0
+    belady = [r for r in rows if r["press"] == "belady" and r["metric"] == "hit_rate"]
+    others = [r for r in rows if r["press"] != "belady" and r["metric"] == "hit_rate"]
+    assert all(0 <= r["score"] <= 1 for r in rows if r["metric"] != "retained_mass")
+    assert max(r["score"] for r in belady) > 0 and len(others) > 0
+    record = json.loads((output / "run.json").read_text())
+    assert set(record["sessions"][0]["traces"]) == {r["trace"] for r in rows}
+
+    assert main(argv) == 0, "a finished run reruns nothing and reads the cached traces"
+    again = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert again == rows
+    assert json.loads((output / "run.json").read_text())["sessions"][1]["cells_run"] == 0
+
+    combined = ["scorecard", str(output), "--name", "t", "--output-root", str(tmp_path / "cards")]
+    assert main(combined) == 0
+    card = (tmp_path / "cards" / "t" / "scorecard.md").read_text()
+    assert "Traces retained_mass" in card and "tova" in card
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--texts", "wikipedia:3"], "trace text 'wikipedia:3' must be multi_news:N or locomo:SAMPLE_ID"),
+        (["--texts", "multi_news:100000"], "multi_news has contexts 0.."),
+        (["--texts", "locomo:conv-0"], "unknown LoCoMo conversation 'conv-0'"),
+        (["--budgets", "32"], "budgets must be at least 64 (SnapKV's window) and below --length 160"),
+        (["--length", "8192"], "--length 8192 must be in (64, 4096]"),
+        (["--threshold", "0"], "--threshold 0.0 must be in (0, 1)"),
+    ],
+)
+def test_bad_trace_options_get_a_clear_error(model_dir, tmp_path, monkeypatch, capsys, arguments, message):  # noqa: F811
+    monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
+    base = {"--model": str(model_dir), "--length": "160", "--data-root": str(SHARED_DATA), "--budgets": "64"}
+    base.update(dict(zip(arguments[::2], arguments[1::2], strict=True)))
+    argv = ["traces", "--output", str(tmp_path / "out"), *[item for pair in base.items() for item in pair]]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
