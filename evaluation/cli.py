@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from evaluation.backends import BACKENDS, Backend
 from evaluation.budgets import parse_budgets
 from evaluation.errors import EvaluationError
 from evaluation.metrics.locomo import score as locomo_score
@@ -29,8 +30,22 @@ def add_run_options(parser: argparse.ArgumentParser, protocol: str) -> None:
         "--model", default=SMOLLM2_ALIAS, help=f"'{SMOLLM2_ALIAS}' (offline default), a hub id or a folder"
     )
     parser.add_argument("--presses", nargs="+", default=list(PRESS_NAMES), help=f"any of {', '.join(PRESS_NAMES)}")
+    add_output_and_backend_options(parser, protocol)
+
+
+def add_output_and_backend_options(parser: argparse.ArgumentParser, protocol: str) -> None:
     parser.add_argument("--output", type=Path, help=f"run folder (default results/{protocol}/<model>)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu; cuda for GPU workers)")
+    parser.add_argument(
+        "--backend", choices=BACKENDS, default="local", help="local (default) or ray: units of work on a Ray cluster"
+    )
+    parser.add_argument("--ray-address", help="Ray cluster to join (default: start a local Ray instance)")
+    parser.add_argument("--workers", type=int, help="Ray workers, each loading the model once (default: one per GPU)")
+    parser.add_argument("--retries", type=int, default=2, help="retries of a failed unit on Ray (default 2)")
+
+
+def backend_of(args: argparse.Namespace) -> Backend:
+    return Backend(args.backend, args.ray_address, args.workers, args.retries)
 
 
 def add_longbench(subparsers: argparse._SubParsersAction) -> None:
@@ -122,8 +137,7 @@ def add_traces(subparsers: argparse._SubParsersAction) -> None:
         "--threshold", type=float, default=DEFAULT_THRESHOLD, help="attention that counts as a use (Belady's requests)"
     )
     parser.add_argument("--data-root", type=Path, default=Path("../shared/data"), help="holds longbench/ and locomo/")
-    parser.add_argument("--output", type=Path, help="run folder (default results/traces/<model>)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    add_output_and_backend_options(parser, "traces")
 
 
 def add_score(subparsers: argparse._SubParsersAction) -> None:
@@ -206,7 +220,8 @@ def run_longbench(args: argparse.Namespace) -> Path:
             device=args.device,
             max_length=args.max_length,
             path=args.path,
-        )
+        ),
+        backend_of(args),
     )
 
 
@@ -226,7 +241,8 @@ def run_traces(args: argparse.Namespace) -> Path:
             data_root=args.data_root,
             output=args.output or Path("results") / "traces" / Path(args.model).name,
             device=args.device,
-        )
+        ),
+        backend_of(args),
     )
 
 
@@ -247,7 +263,8 @@ def run_locomo(args: argparse.Namespace) -> Path:
             output=args.output or Path("results") / "locomo" / Path(args.model).name,
             device=args.device,
             max_new_tokens=args.max_new_tokens,
-        )
+        ),
+        backend_of(args),
     )
 
 

@@ -20,6 +20,7 @@ from evaluation.press_registry import FULL_CACHE
 from evaluation.statistics import MIN_EXAMPLES_FOR_INTERVAL, Interval, bootstrap, paired
 from evaluation.store import read_rows
 from evaluation.traces.runner import METRICS as TRACE_METRICS
+from evaluation.traces.runner import conditions as traces_conditions
 
 VERDICT_COLORS = {"win": "tab:green", "loss": "tab:purple", "tie": "tab:blue"}
 
@@ -39,7 +40,7 @@ BENCHMARKS = {
     "locomo": Benchmark(
         "LoCoMo", locomo_conditions, lambda r: (r["conversation"], r["question_index"]), 1, 3, tuple(CONDITION_ORDER)
     ),
-    "traces": Benchmark("Traces", lambda r: [r["metric"]], lambda r: (r["trace"],), 1, 3, TRACE_METRICS),
+    "traces": Benchmark("Traces", traces_conditions, lambda r: (r["trace"],), 1, 3, TRACE_METRICS),
 }
 
 

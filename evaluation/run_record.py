@@ -50,13 +50,13 @@ class RunRecord:
         self.started = time.time()
         self.commit = git_commit()
 
-    def finish(self, cells_run: int, **extra: object) -> None:
+    def finish(self, units_run: int, **extra: object) -> None:
         """Append this session (versions, commit, device, wall time) and write the file atomically."""
         self.record["sessions"].append(
             {
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
                 "wall_seconds": round(time.time() - self.started, 1),
-                "cells_run": cells_run,
+                "units_run": units_run,
                 "versions": package_versions(),
                 "git_commit": self.commit,
                 **extra,

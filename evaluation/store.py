@@ -73,3 +73,21 @@ def read_rows(path: Path) -> list[dict]:
             except json.JSONDecodeError as error:
                 raise EvaluationError(f"{path}:{line_number}: malformed JSON line ({error.msg})") from error
     return rows
+
+
+class MemoryStore(ResultStore):
+    """A ``ResultStore`` held in memory: what a remote worker fills for one unit, seeded with the unit's rows
+    that the driver already has (so a resumed unit skips them exactly as a local run would)."""
+
+    def __init__(self, key: Callable[[dict], Hashable], rows: list[dict]) -> None:
+        super().__init__(Path(os.devnull), key)
+        self.rows, self.by_key = list(rows), {key(row): row for row in rows}
+        self.new_rows: list[dict] = []
+
+    def append(self, row: dict) -> None:
+        key = self.key(row)
+        if key in self.by_key:
+            raise ValueError(f"a result for {key} is already stored")
+        self.rows.append(row)
+        self.new_rows.append(row)
+        self.by_key[key] = row

@@ -156,7 +156,7 @@ def test_stream_runs_resumes_and_writes_the_scorecard(model_dir, data_file, tmp_
     assert locomo(model_dir, data_file, output) == 0
     resumed = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     assert [r["prediction"] for r in resumed] == [r["prediction"] for r in rows]
-    assert json.loads((output / "run.json").read_text())["sessions"][-1]["cells_run"] == 7
+    assert json.loads((output / "run.json").read_text())["sessions"][-1]["units_run"] == 1
 
 
 def test_dropped_sessions_make_questions_unanswerable(model_dir, data_file, tmp_path):

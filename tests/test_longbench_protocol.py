@@ -101,7 +101,7 @@ def test_the_whole_grid_runs_resumes_and_repeats_itself(model_dir, data_dir, tmp
     assert len(rows) == 2 * 2 * (1 + 4 * 2), "2 tasks x 2 examples x (full + 4 presses x 2 budgets)"
     for row in rows:
         assert row["question_tokens"] > 0 and not row["query_aware"]
-        assert row["attn_implementation"] == ("eager" if row["press"] == "h2o" else "sdpa")
+        assert row["attn_implementation"] == "sdpa" and row["path"] == "shared"
         if row["budget"] == "ratio=0.5":
             assert row["kept_tokens"] == compute_n_kept(row["context_tokens"], 0.5)
         elif row["budget"] == "tokens=100":
@@ -113,7 +113,7 @@ def test_the_whole_grid_runs_resumes_and_repeats_itself(model_dir, data_dir, tmp
     scorecard = (output / "scorecard.md").read_text()
     assert "| hotpotqa | keep 50% |" in scorecard and "| average | 100 tokens |" in scorecard
     record = json.loads((output / "run.json").read_text())
-    assert record["config"]["model"] == str(model_dir) and record["sessions"][0]["cells_run"] == len(rows)
+    assert record["config"]["model"] == str(model_dir) and record["sessions"][0]["units_run"] == 4
     assert {"torch", "transformers", "kvpress"} <= set(record["sessions"][0]["versions"])
 
     # resume after an interruption: the last 5 cells lost, and a line torn in the middle of its write
@@ -122,7 +122,7 @@ def test_the_whole_grid_runs_resumes_and_repeats_itself(model_dir, data_dir, tmp
     assert longbench(model_dir, data_dir, output) == 0
     resumed = read_rows(output)
     assert [r["prediction"] for r in resumed] == [r["prediction"] for r in rows], "same predictions, same order"
-    assert json.loads((output / "run.json").read_text())["sessions"][1]["cells_run"] == 5
+    assert json.loads((output / "run.json").read_text())["sessions"][1]["units_run"] == 1, "only the last example"
 
     assert longbench(model_dir, data_dir, output) == 0
     assert len(read_rows(output)) == len(rows), "a finished run reruns nothing"

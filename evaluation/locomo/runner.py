@@ -3,15 +3,16 @@ budget with each press's own score, answer from the compressed copy, then append
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from evaluation.backends import LOCAL, Backend, Unit, run_units
 from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.errors import EvaluationError
 from evaluation.generation import decode, eos_ids
@@ -102,7 +103,7 @@ class ConversationRun:
             room += len(framing.question_ids([], prompt)) + len(framing.answer_ids([], prompt, gold_answer(question)))
         return context - room
 
-    def run(self, conversation: Conversation, store: ResultStore, bar: tqdm) -> int:
+    def run(self, conversation: Conversation, store: ResultStore, bar: tqdm) -> None:
         self.conversation = conversation
         questions = conversation.questions[: self.config.max_turns]
 
@@ -128,7 +129,6 @@ class ConversationRun:
             histories[cell] = History(self.model, kinds)
             histories[cell].extend(conversation_ids, "conversation")
             turns[cell] = []
-        ran = 0
         for turn, question in enumerate(questions):
             prompt = question_prompt(conversation, question)
             answerable = bool(question.evidence_sessions) and question.evidence_sessions <= kept_sessions
@@ -139,7 +139,6 @@ class ConversationRun:
                 if row is None:
                     row = self.answer(histories[stream], question_ids[stream], question, cell, turn, answerable)
                     store.append(row)
-                    ran += 1
                     bar.update()
                 if not shared:
                     self.append_turn(
@@ -149,7 +148,6 @@ class ConversationRun:
                 self.append_turn(
                     framing, histories[None], turns[None], prompt, question_ids[None], gold_answer(question)
                 )
-        return ran
 
     @staticmethod
     def append_turn(
@@ -169,7 +167,6 @@ class ConversationRun:
     ) -> dict:
         press_name, budget = cell
         ratio = ratio_for(budget, history.length)
-        start = time.perf_counter()
         cache, kept = history.compress(make_press(press_name, ratio))
         generated = decode(
             self.model, cache, torch.tensor([question_ids]), history.length, self.config.max_new_tokens, self.stop
@@ -197,14 +194,28 @@ class ConversationRun:
             "answerable": answerable,
             "history_mode": self.config.history,
             "rmm_weights": self.config.rmm_weights,
-            "seconds": round(time.perf_counter() - start, 2),
             "prediction": prediction,
             "scored_prediction": scored,
             "score": score(question.category, scored, gold_answer(question)),
         }
 
 
-def run(config: LoCoMoConfig) -> Path:
+def run_conversation(
+    loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+    unit: Unit,
+    store: ResultStore,
+    config: LoCoMoConfig,
+    cells: list[Cell],
+) -> None:
+    """One unit: one conversation streamed through every cell, its finished answers read back from ``store``."""
+    model, tokenizer = loaded
+    conversation: Conversation = unit.payload
+    missing = sum(key not in store for key in unit.keys)
+    with tqdm(total=missing, desc=conversation.sample_id, unit="answer", leave=False) as bar:
+        ConversationRun(config, model, tokenizer, cells).run(conversation, store, bar)
+
+
+def run(config: LoCoMoConfig, backend: Backend = LOCAL) -> Path:
     """Run (or resume) the streaming protocol and write predictions, scorecard and run.json."""
     check_presses(config.presses)
     cells = press_cells(config.presses, config.budgets, "--budgets")
@@ -212,29 +223,17 @@ def run(config: LoCoMoConfig) -> Path:
     settings = {**asdict(config), "output": str(config.output), "budgets": [b.key for b in config.budgets]}
     record = RunRecord(config.output, settings, RESULTS_DEFINING)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
-    model, tokenizer = load_model_or_explain(config.model, device=config.device)
-    streamer = ConversationRun(config, model, tokenizer, cells)
-    total = sum(len(c.questions[: config.max_turns]) for c in conversations) * len(streamer.cells)
-    done = sum(
-        cell_key(c, q, cell) in store
+    units = [
+        Unit(c.sample_id, c, frozenset(cell_key(c, q, cell) for q in c.questions[: config.max_turns] for cell in cells))
         for c in conversations
-        for q in c.questions[: config.max_turns]
-        for cell in streamer.cells
+    ]
+    load = partial(load_model_or_explain, config.model, device=config.device)
+    outcome = run_units(
+        units, partial(run_conversation, config=config, cells=cells), load, store, backend, config.device
     )
-    ran = 0
-    with tqdm(total=total, initial=done, desc="locomo", unit="answer") as bar:
-        for conversation in conversations:
-            keys = [
-                cell_key(conversation, q, cell)
-                for q in conversation.questions[: config.max_turns]
-                for cell in streamer.cells
-            ]
-            if all(key in store for key in keys):
-                continue
-            bar.set_postfix_str(conversation.sample_id)
-            ran += streamer.run(conversation, store, bar)
     write_locomo_scorecard(config.output, store.rows, config.presses, config.budgets)
-    record.finish(ran, model=config.model, device=config.device)
+    record.finish(outcome.ran, model=config.model, device=config.device, backend=backend.kind)
+    outcome.raise_failures(backend.retries)
     return config.output
 
 

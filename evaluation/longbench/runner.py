@@ -9,14 +9,13 @@ attention where the press needs its weights. Each row records the path that prod
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
-from itertools import groupby
+from functools import partial
 from pathlib import Path
 
-from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from evaluation.backends import LOCAL, Backend, Unit, run_units
 from evaluation.budgets import Budget, budget_key, budget_label, press_cells, ratio_for
 from evaluation.errors import EvaluationError
 from evaluation.generation import decode_batch, eos_ids, generate
@@ -86,7 +85,6 @@ def cell_row(
     generated: list[int],
     kept_tokens: int,
     path: str,
-    seconds: float,
     tokenizer: PreTrainedTokenizerBase,
 ) -> dict:
     prediction = tokenizer.decode(generated, skip_special_tokens=True)
@@ -106,7 +104,6 @@ def cell_row(
         "attn_implementation": attn_implementation(press_name) if path == "per-cell" else "sdpa",
         "path": path,
         "generated_tokens": len(generated),
-        "seconds": round(seconds, 2),
         "prediction": prediction,
         "answers": example.answers,
         "all_classes": example.all_classes,
@@ -127,21 +124,10 @@ def run_cell(
     """The per-cell reference path: KVPress's prefill under the press, then greedy decoding."""
     model.set_attn_implementation(attn_implementation(press_name))
     press = make_press(press_name, ratio_for(budget, prompt.context_ids.shape[1]))
-    start = time.perf_counter()
     stop = stop_ids(model, tokenizer, example.task)
     generation = generate(model, prompt.context_ids, prompt.question_ids, press, task_config.max_new_tokens, stop)
-    seconds = time.perf_counter() - start
     return cell_row(
-        config,
-        example,
-        prompt,
-        press_name,
-        budget,
-        generation.token_ids,
-        generation.kept_tokens,
-        "per-cell",
-        seconds,
-        tokenizer,
+        config, example, prompt, press_name, budget, generation.token_ids, generation.kept_tokens, "per-cell", tokenizer
     )
 
 
@@ -155,10 +141,8 @@ def run_shared(
     cells: list[tuple[str, Budget | None]],
 ) -> list[dict]:
     """The shared path for one example's cells: one full-cache prefill, each press's cache derived from it,
-    one batched decode. Every cell's press must be one ``History.supports``. Each row's ``seconds`` is its
-    equal share of the example's wall time."""
+    one batched decode per cache length. Every cell's press must be one ``History.supports``."""
     model.set_attn_implementation("sdpa")
-    start = time.perf_counter()
     history = History(model, frozenset({"context"}))
     history.extend(prompt.context_ids[0].tolist(), "context")
     caches = [history.compress(make_press(name, ratio_for(budget, history.length)))[0] for name, budget in cells]
@@ -178,9 +162,8 @@ def run_shared(
         )
         for index, sequence in zip(batch, tokens, strict=True):
             generated[index] = sequence
-    share = (time.perf_counter() - start) / len(cells)
     return [
-        cell_row(config, example, prompt, press_name, budget, tokens, n_kept, "shared", share, tokenizer)
+        cell_row(config, example, prompt, press_name, budget, tokens, n_kept, "shared", tokenizer)
         for (press_name, budget), tokens, n_kept in zip(cells, generated, kept, strict=True)
     ]
 
@@ -189,7 +172,31 @@ def shares_prefill(press_name: str) -> bool:
     return History.supports(make_press(press_name, 0.5))
 
 
-def run(config: LongBenchConfig) -> Path:
+def run_example(
+    loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+    unit: Unit,
+    store: ResultStore,
+    config: LongBenchConfig,
+    task_configs: dict[str, TaskConfig],
+    cells: list[tuple[str, Budget | None]],
+) -> None:
+    """One unit: the missing cells of one example, on the shared path where the press allows it."""
+    model, tokenizer = loaded
+    example: Example = unit.payload
+    todo = [cell for cell in cells if cell_key((example, *cell)) not in store]
+    task_config = task_configs[example.task]
+    prompt = build_prompt(
+        example, task_config, tokenizer, prompt_budget(config, model, tokenizer, task_config), config.query_aware
+    )
+    shared = [cell for cell in todo if config.path == "shared" and shares_prefill(cell[0])]
+    if shared:
+        for row in run_shared(model, tokenizer, config, task_config, example, prompt, shared):
+            store.append(row)
+    for press_name, budget in (cell for cell in todo if cell not in shared):
+        store.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
+
+
+def run(config: LongBenchConfig, backend: Backend = LOCAL) -> Path:
     """Run (or resume) the grid and write predictions, scorecard and run.json under ``config.output``."""
     check_tasks(config.tasks)
     check_presses(config.presses)
@@ -203,28 +210,13 @@ def run(config: LongBenchConfig) -> Path:
     settings["budgets"] = [b.key for b in config.budgets]
     record = RunRecord(config.output, settings, RESULTS_DEFINING)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
-    cells = [(example, press, budget) for example in examples for press, budget in press_budgets]
-    todo = [cell for cell in cells if cell_key(cell) not in store]
-    if todo:
-        model, tokenizer = load_model_or_explain(config.model, device=config.device)
-        with tqdm(total=len(cells), initial=len(cells) - len(todo), desc="longbench", unit="cell") as bar:
-            for example, group in groupby(todo, key=lambda cell: cell[0]):
-                task_config = task_configs[example.task]
-                max_length = prompt_budget(config, model, tokenizer, task_config)
-                prompt = build_prompt(example, task_config, tokenizer, max_length, config.query_aware)
-                cells = [(press_name, budget) for _, press_name, budget in group]
-                shared = [cell for cell in cells if config.path == "shared" and shares_prefill(cell[0])]
-                if shared:
-                    bar.set_postfix_str(f"{example.task} {example.id}: {len(shared)} cells, shared prefill")
-                    for row in run_shared(model, tokenizer, config, task_config, example, prompt, shared):
-                        store.append(row)
-                        bar.update()
-                for press_name, budget in (cell for cell in cells if cell not in shared):
-                    bar.set_postfix_str(f"{example.task} {example.id}: {press_name} {budget_label(budget)}")
-                    store.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
-                    bar.update()
+    units = [Unit(f"{e.task}/{e.id}", e, frozenset(cell_key((e, *cell)) for cell in press_budgets)) for e in examples]
+    work = partial(run_example, config=config, task_configs=task_configs, cells=press_budgets)
+    load = partial(load_model_or_explain, config.model, device=config.device)
+    outcome = run_units(units, work, load, store, backend, config.device)
     write_longbench_scorecard(config.output, store.rows, config.presses, config.budgets)
-    record.finish(len(todo), model=config.model, device=config.device)
+    record.finish(outcome.ran, model=config.model, device=config.device, backend=backend.kind)
+    outcome.raise_failures(backend.retries)
     return config.output
 
 

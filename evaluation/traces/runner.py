@@ -8,12 +8,15 @@ layers as ``score`` and its value per layer; the scorecard's examples are the tr
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from matplotlib.figure import Figure
 from tqdm import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from evaluation.backends import LOCAL, Backend, Unit, run_units
 from evaluation.budgets import Budget
 from evaluation.errors import EvaluationError
 from evaluation.models import load_model_or_explain
@@ -22,12 +25,13 @@ from evaluation.scorecard import Entry, entries_from_rows, write_tables
 from evaluation.store import ResultStore
 from evaluation.traces import controlled
 from evaluation.traces.policies import LAG_SWEEP, LayerTrace, Policy, default_policies, lag_sweep
-from evaluation.traces.record import Trace, load_or_record, parse_source
+from evaluation.traces.record import Trace, load_or_record, parse_source, trace_name
 from evaluation.traces.replay import Replay, recent_share, replay
 
 METRICS = ("retained_mass", "heavy_hitter_recall", "hit_rate")
 RECENT, FIRST = 64, 4  # the TOVA seed's claim: the 64 most recent and the 4 first positions stay held
 RESULTS_DEFINING = ("model", "length", "per_kv_group", "threshold")
+SUMMARY = "summary"
 
 
 @dataclass
@@ -71,7 +75,44 @@ def runnable(policy: Policy, budget: int) -> bool:
     return lag is None or lag < budget
 
 
-def run(config: TracesConfig) -> Path:
+def summary_row(trace: Trace, spec: str, layers: list[LayerTrace]) -> dict:
+    """What the trace itself shows: its model's accuracy and how much attention stays near the newest token."""
+    return {
+        "trace": trace.name,
+        "press": "",
+        "budget": "",
+        "metric": SUMMARY,
+        "text": spec,
+        "length": trace.length,
+        "teacher_forced_accuracy": float(trace.correct[:-1].mean()),
+        f"recent_{RECENT}_attention_share": [recent_share(layer, RECENT) for layer in layers],
+    }
+
+
+def run_trace(
+    loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase], unit: Unit, store: ResultStore, config: TracesConfig
+) -> None:
+    """One unit: one text's trace (recorded or read from the cache), every missing policy x budget replayed."""
+    spec: str = unit.payload
+    trace = load_or_record(lambda: loaded, config.model, spec, config.length, config.per_kv_group, config.data_root)
+    layers = [LayerTrace(rows, trace.correct, config.threshold) for rows in trace.layers]
+    if (trace.name, "", "", SUMMARY) not in store:
+        store.append(summary_row(trace, spec, layers))
+    cells = [(p, b) for b in config.budgets for p in all_policies() if runnable(p, b)]
+    todo = [(p, b) for p, b in cells if (trace.name, p.name, Budget("tokens", b).key, METRICS[0]) not in store]
+    for policy, budget in tqdm(todo, desc=f"replay {spec}", unit="policy x budget", leave=False):
+        for row in metric_rows(trace, policy, budget, [replay(layer, policy, budget) for layer in layers]):
+            store.append(row)
+
+
+def unit_keys(config: TracesConfig, spec: str) -> frozenset:
+    name = trace_name(config.model, spec, config.length, config.per_kv_group)
+    cells = [(p, b) for b in config.budgets for p in all_policies() if runnable(p, b)]
+    keys = {(name, p.name, Budget("tokens", b).key, metric) for p, b in cells for metric in METRICS}
+    return frozenset(keys | {(name, "", "", SUMMARY)})
+
+
+def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
     for spec in config.texts:
         parse_source(spec)
     if any(b < 64 or b >= config.length for b in config.budgets):
@@ -81,40 +122,29 @@ def run(config: TracesConfig) -> Path:
     settings = {**asdict(config), "output": str(config.output), "data_root": str(config.data_root)}
     record = RunRecord(config.output, settings, RESULTS_DEFINING)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
-    policies = default_policies() + lag_sweep()
-    loaded: list = []
-
-    def model_loader():
-        if not loaded:
-            loaded.append(load_model_or_explain(config.model, device=config.device))
-        return loaded[0]
-
-    summaries, ran = {}, 0
-    for spec in config.texts:
-        trace = load_or_record(model_loader, config.model, spec, config.length, config.per_kv_group, config.data_root)
-        layers = [LayerTrace(rows, trace.correct, config.threshold) for rows in trace.layers]
-        summaries[trace.name] = {
-            "text": spec,
-            "length": trace.length,
-            "teacher_forced_accuracy": float(trace.correct[:-1].mean()),
-            f"recent_{RECENT}_attention_share": [recent_share(layer, RECENT) for layer in layers],
-        }
-        cells = [(p, b) for b in config.budgets for p in policies if runnable(p, b)]
-        todo = [(p, b) for p, b in cells if (trace.name, p.name, Budget("tokens", b).key, METRICS[0]) not in store]
-        for policy, budget in tqdm(todo, desc=f"replay {spec}", unit="policy x budget"):
-            for row in metric_rows(trace, policy, budget, [replay(layer, policy, budget) for layer in layers]):
-                store.append(row)
-            ran += 1
-    write_traces_scorecard(config.output, store.rows, summaries, config.budgets)
-    record.finish(ran, model=config.model, device=config.device, traces=summaries)
+    units = [Unit(spec, spec, unit_keys(config, spec)) for spec in config.texts]
+    load = partial(load_model_or_explain, config.model, device=config.device)
+    outcome = run_units(units, partial(run_trace, config=config), load, store, backend, config.device)
+    write_traces_scorecard(config.output, store.rows, config.budgets)
+    record.finish(outcome.ran, model=config.model, device=config.device, backend=backend.kind)
+    outcome.raise_failures(backend.retries)
     return config.output
 
 
+def all_policies() -> list[Policy]:
+    return default_policies() + lag_sweep()
+
+
+def conditions(row: dict) -> list[str]:
+    """The scorecard conditions a trace row counts in: its metric (a trace's summary row counts in none)."""
+    return [] if row["metric"] == SUMMARY else [row["metric"]]
+
+
 def traces_entries(rows: list[dict]) -> list[Entry]:
-    return entries_from_rows(rows, lambda row: [row["metric"]], scale=1, digits=3)
+    return entries_from_rows(rows, conditions, scale=1, digits=3)
 
 
-def write_traces_scorecard(output: Path, rows: list[dict], summaries: dict, budgets: list[int]) -> None:
+def write_traces_scorecard(output: Path, rows: list[dict], budgets: list[int]) -> None:
     labels = [Budget("tokens", b).label for b in budgets]
     main = [p.name for p in default_policies()]
     sweep = [p.name for p in lag_sweep()]

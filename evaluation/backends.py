@@ -1,0 +1,144 @@
+"""Where a protocol's units of work run: in this process (``local``) or on a Ray cluster (``ray``).
+
+A unit is the protocol's natural piece (one LongBench example with all its cells, one LoCoMo conversation,
+one trace). ``work(loaded, unit, store)`` computes a unit's missing rows and appends them to ``store``.
+Locally that is the run's own ``ResultStore``. On Ray each worker loads the model once, fills an in-memory
+store seeded with the unit's finished rows, and returns the new rows; only the driver writes them, so the
+results file, the resume rule and the scorecards are the same as a local run's. A unit whose worker fails or
+dies is retried on a fresh worker up to ``retries`` times, then reported; the other units still finish.
+``ray`` is imported only by the Ray backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm
+
+from evaluation.errors import EvaluationError
+from evaluation.store import MemoryStore, ResultStore
+
+BACKENDS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str  # shown in progress and in failure reports
+    payload: Any  # what ``work`` needs besides the loaded model (picklable)
+    keys: frozenset  # the result keys the unit produces when complete
+
+
+@dataclass(frozen=True)
+class Backend:
+    kind: str = "local"
+    address: str | None = None  # a Ray cluster to join; None starts a local Ray instance
+    workers: int | None = None  # Ray workers (default: one per GPU, else one)
+    retries: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in BACKENDS:
+            raise EvaluationError(f"unknown backend {self.kind!r}; choose one of {', '.join(BACKENDS)}")
+        if self.workers is not None and self.workers < 1:
+            raise EvaluationError(f"--workers {self.workers} must be at least 1")
+        if self.retries < 0:
+            raise EvaluationError(f"--retries {self.retries} must be 0 or more")
+
+
+LOCAL = Backend()
+Work = Callable[[Any, Unit, ResultStore], None]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ran: int  # units run (failed ones included)
+    failures: dict[str, str]  # unit name -> its last error, for units that failed every try
+
+    def raise_failures(self, retries: int) -> None:
+        """Called once the results and scorecards of the finished units are written."""
+        if self.failures:
+            details = "; ".join(f"{name}: {error}" for name, error in self.failures.items())
+            raise EvaluationError(
+                f"{len(self.failures)} unit(s) failed after {retries + 1} tries; the rest finished and were saved "
+                f"(rerun to retry): {details}"
+            )
+
+
+def run_units(
+    units: list[Unit], work: Work, load: Callable[[], Any], store: ResultStore, backend: Backend, device: str
+) -> Outcome:
+    """Run every unit that still lacks a result."""
+    todo = [unit for unit in units if not all(key in store for key in unit.keys)]
+    if not todo:
+        return Outcome(0, {})
+    if backend.kind == "local":
+        loaded = load()
+        for unit in tqdm(todo, desc="units", unit="unit"):
+            work(loaded, unit, store)
+        return Outcome(len(todo), {})
+    return run_on_ray(todo, work, load, store, backend, device)
+
+
+class RayWorker:
+    """One model per worker process, reused for every unit it is given."""
+
+    def __init__(self, load: Callable[[], Any], threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.loaded = load()
+
+    def run(self, work: Work, unit: Unit, rows: list[dict], key: Callable[[dict], Hashable]) -> list[dict]:
+        store = MemoryStore(key, rows)
+        work(self.loaded, unit, store)
+        return store.new_rows
+
+
+def run_on_ray(
+    units: list[Unit], work: Work, load: Callable[[], Any], store: ResultStore, backend: Backend, device: str
+) -> Outcome:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=backend.address, include_dashboard=False, log_to_driver=False)
+    resources = ray.cluster_resources()
+    gpu = device.startswith("cuda")
+    workers = backend.workers or (int(resources.get("GPU", 1)) if gpu else 1)
+    threads = max(1, int(resources.get("CPU", 1)) // workers)
+    actor = ray.remote(num_gpus=1 if gpu else 0, num_cpus=threads)(RayWorker)
+
+    def fresh():
+        return actor.remote(load, threads)
+
+    def unit_rows(unit: Unit) -> list[dict]:
+        return [row for row in store.rows if store.key(row) in unit.keys]
+
+    pool = [fresh() for _ in range(min(workers, len(units)))]
+    queue, running, tries, failures = list(units), {}, dict.fromkeys((u.name for u in units), 0), {}
+    with tqdm(total=len(units), desc=f"units on {len(pool)} Ray workers", unit="unit") as bar:
+        while queue or running:
+            while queue and len(running) < len(pool):
+                worker = next(w for w in pool if all(w is not busy for busy, _ in running.values()))
+                unit = queue.pop(0)
+                running[worker.run.remote(work, unit, unit_rows(unit), store.key)] = (worker, unit)
+            ready, _ = ray.wait(list(running), num_returns=1)
+            worker, unit = running.pop(ready[0])
+            try:
+                rows = ray.get(ready[0])
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
+                tries[unit.name] += 1
+                if isinstance(error, ray.exceptions.RayActorError):
+                    pool[pool.index(worker)] = fresh()
+                if tries[unit.name] <= backend.retries:
+                    queue.append(unit)
+                else:
+                    failures[unit.name] = f"{type(error).__name__}: {str(error).strip().splitlines()[-1]}"
+                    bar.update()
+                bar.set_postfix(retries=sum(tries.values()), failed=len(failures))
+                continue
+            for row in rows:
+                if store.key(row) not in store:
+                    store.append(row)
+            bar.update()
+    return Outcome(len(units), failures)
