@@ -1,11 +1,16 @@
 """Eviction policies replayed on a trace, each the same rule as its press.
 
-A policy scores positions 0..t at step t from the trace (higher is kept). The policies that have a press
-call that press's own ``score`` on the trace's rows, through a stand-in layer whose only attribute is the
-head count: TOVA reads the newest row, ``ObservedAttentionPress`` the running column sums (its score reads
-only ``attentions.sum(2)``), SnapKV its window's rows, StreamingLLM nothing, RMM its ``demonstrated_utility``
-of the lag-limited, correctness-weighted column sums. H2O with a recent window and plain accumulation have no
-KVPress press; Belady knows the future.
+A policy scores positions 0..t at step t from the trace (higher is kept), each group on its own. The policies
+that have a press call that press's own ``score`` on the trace's rows, through a stand-in layer whose only
+attribute is the head count:
+
+- TOVA reads the newest row, per group: on a head-averaged trace (one group per layer, the mean over its
+  heads) that is TOVA's rule; on a ``--per-kv-group`` trace, its per-KV-group form;
+- ``ObservedAttentionPress`` reads the running column sums (its score reads only ``attentions.sum(2)``);
+- SnapKV reads its window's rows, StreamingLLM nothing;
+- RMM its ``demonstrated_utility`` of the lag-limited, correctness-weighted column sums.
+
+H2O with a recent window and plain accumulation have no KVPress press; Belady knows the future.
 """
 
 from __future__ import annotations
@@ -130,7 +135,7 @@ class BeladyPolicy(Policy):
 
 def default_policies() -> list[Policy]:
     return [
-        PressPolicy("tova", TOVAPress(), "newest"),
+        PressPolicy("tova", TOVAPress(per_kv_group=True), "newest"),
         AccumulatedPolicy("h2o", H2O_WINDOW),
         AccumulatedPolicy("accumulated"),
         PressPolicy("observed_attention", ObservedAttentionPress(), "cumulative"),

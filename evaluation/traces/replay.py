@@ -1,8 +1,9 @@
 """Step-by-step replay of a policy on one layer's trace at a budget, and the trace-level metrics.
 
 From step ``budget`` on, each step admits the new position and the policy evicts its lowest-scored held
-position (ties evict the lower position), so B positions stay held. Metrics, over the steps where the cache
-is full (t >= B), averaged over the layer's groups:
+position (ties evict the lower position), so B positions stay held. The groups of a trace are replayed side
+by side (each its own cache); stacking every layer's groups into one trace replays all layers at once.
+Metrics per group, over the steps where the cache is full (t >= B):
 
 - retained mass: the share of step t's full-cache attention on what the policy holds at step t (the B
   positions kept so far and t itself);
@@ -25,9 +26,11 @@ PROTECTED = torch.finfo(torch.float32).max  # +inf scores (never evict) stay abo
 
 @dataclass(frozen=True)
 class Replay:
-    retained_mass: float
-    hit_rate: float
-    heavy_hitter_recall: float
+    """Each metric per group, shape (groups,)."""
+
+    retained_mass: torch.Tensor
+    hit_rate: torch.Tensor
+    heavy_hitter_recall: torch.Tensor
     held: torch.Tensor  # (groups, length) bool: what the policy holds after the last step
 
 
@@ -37,30 +40,30 @@ def replay(trace: LayerTrace, policy: Policy, budget: int) -> Replay:
         raise ValueError(f"budget {budget} must be between 1 and the trace length {length} (exclusive)")
     held = torch.zeros(groups, length, dtype=torch.bool)
     held[:, :budget] = True
-    mass = torch.zeros(groups)
-    hits = requests = 0
+    mass, hits, requests = torch.zeros(groups), torch.zeros(groups), torch.zeros(groups)
     every_group = torch.arange(groups)
     for t in range(budget, length):
         held[:, t] = True
         row, now = trace.rows[:, t, : t + 1], held[:, : t + 1]
         mass += (row * now).sum(-1)
         uses = row[:, :t] >= trace.threshold
-        hits += int((uses & now[:, :t]).sum())
-        requests += int(uses.sum())
+        hits += (uses & now[:, :t]).sum(-1)
+        requests += uses.sum(-1)
         scores = policy.scores(trace, t, budget).float().clamp(max=PROTECTED).masked_fill(~now, float("inf"))
         held[every_group, scores.argmin(-1)] = False
     heavy = torch.zeros_like(held).scatter_(1, trace.cumulative[:, -1].topk(budget, dim=-1).indices, True)
     return Replay(
-        retained_mass=float(mass.mean()) / (length - budget),
-        hit_rate=hits / requests if requests else 1.0,
-        heavy_hitter_recall=float((held & heavy).sum()) / (groups * budget),
+        retained_mass=mass / (length - budget),
+        hit_rate=torch.where(requests > 0, hits / requests.clamp(min=1), 1.0),
+        heavy_hitter_recall=(held & heavy).sum(-1) / budget,
         held=held,
     )
 
 
-def recent_share(trace: LayerTrace, window: int = 64) -> float:
-    """The mean share of each step's attention on the ``window`` most recent positions (the step included)."""
+def recent_share(trace: LayerTrace, window: int = 64) -> torch.Tensor:
+    """Per group, the mean share of each step's attention on the ``window`` most recent positions (the step
+    included), shape (groups,)."""
     length = trace.length
     keys, steps = torch.arange(length), torch.arange(length)[:, None]
     recent = (steps - keys[None, :] < window) & (keys[None, :] <= steps)
-    return float((trace.rows * recent).sum(-1).mean())
+    return (trace.rows * recent).sum(-1).mean(-1)

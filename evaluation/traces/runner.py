@@ -51,21 +51,28 @@ def row_key(row: dict) -> tuple[str, str, str, str]:
     return row["trace"], row["press"], row["budget"], row["metric"]
 
 
-def held_counts(held: torch.Tensor) -> tuple[float, float]:
-    """How many of the most recent ``RECENT`` and of the first ``FIRST`` positions are held (mean over groups)."""
-    return float(held[:, -RECENT:].sum(-1).float().mean()), float(held[:, :FIRST].sum(-1).float().mean())
+def held_counts(held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group, how many of the ``RECENT`` most recent and of the ``FIRST`` first positions are held."""
+    return held[:, -RECENT:].sum(-1).float(), held[:, :FIRST].sum(-1).float()
 
 
-def metric_rows(trace: Trace, policy: Policy, budget: int, replays: list[Replay]) -> list[dict]:
+def per_layer(values: torch.Tensor, layers: int) -> list[float]:
+    """Per-group values of a layer-stacked trace, averaged over each layer's groups."""
+    return values.view(layers, -1).mean(-1).tolist()
+
+
+def metric_rows(trace: Trace, policy: Policy, budget: int, result: Replay) -> list[dict]:
     label = Budget("tokens", budget)
     common = {"trace": trace.name, "press": policy.name, "budget": label.key, "budget_label": label.label}
-    held = [held_counts(r.held) for r in replays]
-    counts = {f"recent_{RECENT}_held": [h[0] for h in held], f"first_{FIRST}_held": [h[1] for h in held]}
+    layers = len(trace.layers)
+    recent, first = held_counts(result.held)
     rows = []
     for metric in METRICS:
-        per_layer = [getattr(r, metric) for r in replays]
-        rows.append({**common, "metric": metric, "score": sum(per_layer) / len(per_layer), "per_layer": per_layer})
-    rows[0].update(counts)
+        values = per_layer(getattr(result, metric), layers)
+        rows.append({**common, "metric": metric, "score": sum(values) / layers, "per_layer": values})
+    rows[0].update(
+        {f"recent_{RECENT}_held": per_layer(recent, layers), f"first_{FIRST}_held": per_layer(first, layers)}
+    )
     return rows
 
 
@@ -75,7 +82,7 @@ def runnable(policy: Policy, budget: int) -> bool:
     return lag is None or lag < budget
 
 
-def summary_row(trace: Trace, spec: str, layers: list[LayerTrace]) -> dict:
+def summary_row(trace: Trace, spec: str, stacked: LayerTrace) -> dict:
     """What the trace itself shows: its model's accuracy and how much attention stays near the newest token."""
     return {
         "trace": trace.name,
@@ -85,7 +92,7 @@ def summary_row(trace: Trace, spec: str, layers: list[LayerTrace]) -> dict:
         "text": spec,
         "length": trace.length,
         "teacher_forced_accuracy": float(trace.correct[:-1].mean()),
-        f"recent_{RECENT}_attention_share": [recent_share(layer, RECENT) for layer in layers],
+        f"recent_{RECENT}_attention_share": per_layer(recent_share(stacked, RECENT), len(trace.layers)),
     }
 
 
@@ -95,13 +102,13 @@ def run_trace(
     """One unit: one text's trace (recorded or read from the cache), every missing policy x budget replayed."""
     spec: str = unit.payload
     trace = load_or_record(lambda: loaded, config.model, spec, config.length, config.per_kv_group, config.data_root)
-    layers = [LayerTrace(rows, trace.correct, config.threshold) for rows in trace.layers]
+    stacked = LayerTrace(torch.cat(trace.layers), trace.correct, config.threshold)  # every layer's groups at once
     if (trace.name, "", "", SUMMARY) not in store:
-        store.append(summary_row(trace, spec, layers))
+        store.append(summary_row(trace, spec, stacked))
     cells = [(p, b) for b in config.budgets for p in all_policies() if runnable(p, b)]
     todo = [(p, b) for p, b in cells if (trace.name, p.name, Budget("tokens", b).key, METRICS[0]) not in store]
     for policy, budget in tqdm(todo, desc=f"replay {spec}", unit="policy x budget", leave=False):
-        for row in metric_rows(trace, policy, budget, [replay(layer, policy, budget) for layer in layers]):
+        for row in metric_rows(trace, policy, budget, replay(stacked, policy, budget)):
             store.append(row)
 
 
