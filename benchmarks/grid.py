@@ -6,6 +6,10 @@ KVPress prefill and one batch-1 decode per cell, eager attention for H2O) and on
 full-cache prefill, every press's cache derived from it, one batched decode). The path that runs first
 alternates from example to example. Prints and writes each example's wall times, their ratio and the median
 ratio, and how many cells predicted the same text on both paths.
+
+Then the Ray backend: the same grid (shared path) on ``--ray-n`` examples truncated to ``--ray-max-length``
+tokens, run by the CLI with ``--backend ray`` on 1 worker and on 2 workers (each worker gets half the cores),
+``--repeats`` times each, interleaved; the medians and their ratio.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +31,41 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2, help="multi_news examples (default 2)")
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared/data/longbench")
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/grid.json")
+    parser.add_argument("--ray-n", type=int, default=2, help="examples in the Ray rows (0: skip them)")
+    parser.add_argument("--ray-max-length", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=1, help="Ray runs per worker count")
     args = parser.parse_args()
+    report = {"paths": shared_against_per_cell(args)}
+    if args.ray_n:
+        report["ray"] = ray_workers(args)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def ray_workers(args: argparse.Namespace) -> dict:
+    seconds: dict[int, list[float]] = {1: [], 2: []}
+    for repeat in range(args.repeats):
+        for workers in (1, 2):
+            with tempfile.TemporaryDirectory() as output:
+                command = [sys.executable, "-m", "evaluation", "longbench", "--data-dir", str(args.data_dir)]
+                command += ["--n", str(args.ray_n), "--max-length", str(args.ray_max_length), "--output", output]
+                command += ["--backend", "ray", "--workers", str(workers)]
+                start = time.perf_counter()
+                subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+                seconds[workers].append(time.perf_counter() - start)
+            print(f"ray, {workers} worker(s), repeat {repeat + 1}: {seconds[workers][-1]:.1f} s", flush=True)
+    medians = {workers: statistics.median(values) for workers, values in seconds.items()}
+    print(f"ray: 2 workers / 1 worker wall time: {medians[2] / medians[1]:.3f}")
+    return {
+        "examples": args.ray_n,
+        "max_length": args.ray_max_length,
+        "seconds": seconds,
+        "median_seconds": medians,
+        "ratio_2_over_1": round(medians[2] / medians[1], 3),
+    }
+
+
+def shared_against_per_cell(args: argparse.Namespace) -> dict:
 
     from evaluation.budgets import parse_budgets, press_cells
     from evaluation.cli import DEFAULT_RATIOS
@@ -73,8 +113,6 @@ def main() -> None:
             }
         )
     report["median_ratio"] = statistics.median(example["ratio"] for example in report["examples"])
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
     for example in report["examples"]:
         print(
             f"{example['id']} ({example['context_tokens']} tokens): shared {example['shared_seconds']} s, "
@@ -82,6 +120,7 @@ def main() -> None:
             f"{example['same_predictions']}/{len(cells)} same predictions"
         )
     print(f"median shared / per-cell wall time: {report['median_ratio']:.3f} (target <= 0.25)")
+    return report
 
 
 if __name__ == "__main__":

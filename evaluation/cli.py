@@ -119,7 +119,7 @@ def add_traces(subparsers: argparse._SubParsersAction) -> None:
         description="Record (or load from the cache) the per-step attention of the model reading real texts, "
         "replay every eviction policy step by step at every budget, with RMM's commit-lag sweep and Belady's "
         "offline optimum, and write OUTPUT/predictions.jsonl (resumable), scorecard.{md,csv}, "
-        "retained_mass.png, lag_sweep.png, controlled.png (the paper's section 6 model) and run.json.",
+        "retained_mass.png, lag_sweep.png, controlled.{png,json} (the paper's section 6 model) and run.json.",
     )
     parser.add_argument(
         "--model", default=SMOLLM2_ALIAS, help=f"'{SMOLLM2_ALIAS}' (offline default), a hub id or a folder"

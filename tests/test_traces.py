@@ -152,7 +152,14 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     # per trace: a summary, then 3 metrics x (8 policies x 2 budgets + the lags 0, 1, 4, 16 at 64 and up to 64 at 96)
     assert len(rows) == 2 * (1 + 3 * (8 * 2 + 4 + 5))
-    for name in ("scorecard.md", "scorecard.csv", "retained_mass.png", "lag_sweep.png", "controlled.png"):
+    for name in (
+        "scorecard.md",
+        "scorecard.csv",
+        "retained_mass.png",
+        "lag_sweep.png",
+        "controlled.png",
+        "controlled.json",
+    ):
         assert (output / name).stat().st_size > 0
     belady = [r for r in rows if r["press"] == "belady" and r["metric"] == "hit_rate"]
     others = [r for r in rows if r["press"] != "belady" and r["metric"] == "hit_rate"]

@@ -15,6 +15,7 @@ min(1, K / U); online filters hold about K / N of the useful items.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,22 +105,34 @@ def figure_2(policy: str, seeds: int = 20) -> list[float]:
     return [recall(policy, Setting(n, FIGURE_2_USEFUL, FIGURE_2_CAPACITY, 8), seeds) for n in FIGURE_2_LENGTHS]
 
 
-def plot(path: Path, seeds: int = 20) -> None:
+def run(folder: Path, seeds: int = 20) -> dict:
+    """Both experiments: ``controlled.json`` (the numbers) and ``controlled.png`` (the two panels)."""
+    setting = PAPER_SETTING
+    results = {
+        "setting": {"N": setting.items, "U": setting.useful, "K": setting.capacity, "H": setting.lag, "seeds": seeds},
+        "theory": {
+            "online_floor_K_over_N": setting.capacity / setting.items,
+            "smoother": min(1, setting.capacity / setting.useful),
+        },
+        "test_recall": {policy: recall(policy, setting, seeds) for policy in POLICIES},
+        "figure_2": {"lengths": list(FIGURE_2_LENGTHS), **{policy: figure_2(policy, seeds) for policy in POLICIES}},
+    }
+    (folder / "controlled.json").write_text(json.dumps(results, indent=2) + "\n")
     figure = Figure(figsize=(10, 4), dpi=100)
     left, right = figure.subplots(1, 2)
-    setting = PAPER_SETTING
-    left.bar(POLICIES, [recall(p, setting, seeds) for p in POLICIES], color="tab:blue")
+    left.bar(POLICIES, [results["test_recall"][p] for p in POLICIES], color="tab:blue")
     left.axhline(setting.capacity / setting.items, linestyle="--", color="gray", label="K / N (online floor)")
     left.axhline(min(1, setting.capacity / setting.useful), linestyle=":", color="black", label="min(1, K / U)")
     left.set_title(f"test recall, N={setting.items} U={setting.useful} K={setting.capacity} H={setting.lag}")
     left.legend(fontsize=8)
     left.tick_params(axis="x", labelsize=8)
     for policy in POLICIES:
-        right.plot(FIGURE_2_LENGTHS, figure_2(policy, seeds), marker="o", markersize=3, label=policy)
+        right.plot(FIGURE_2_LENGTHS, results["figure_2"][policy], marker="o", markersize=3, label=policy)
     right.set_xlabel("trajectory length (items)")
     right.set_ylabel("retention of reused items")
     right.set_title(f"K = {FIGURE_2_CAPACITY}, {FIGURE_2_USEFUL} reused items")
     right.legend(fontsize=8)
     right.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path)
+    figure.savefig(folder / "controlled.png")
+    return results

@@ -159,7 +159,7 @@ def write_traces_scorecard(output: Path, rows: list[dict], budgets: list[int]) -
     write_tables(output, entries, main + sweep, labels, f"Traces: {output.name}", "Trace metrics, mean over layers", 3)
     plot_retained_mass(output / "retained_mass.png", entries, main, labels)
     plot_lag_sweep(output / "lag_sweep.png", entries, labels)
-    controlled.plot(output / "controlled.png")
+    controlled.run(output)
 
 
 def plot_retained_mass(path: Path, entries: list[Entry], policies: list[str], labels: list[str]) -> None:
