@@ -104,7 +104,10 @@ def run_on_ray(
         ray.init(address=backend.address, include_dashboard=False, log_to_driver=False)
     resources = ray.cluster_resources()
     gpu = device.startswith("cuda")
-    workers = backend.workers or (int(resources.get("GPU", 1)) if gpu else 1)
+    slots = int(resources.get("GPU", 0)) if gpu else int(resources.get("CPU", 1))
+    if slots < 1:
+        raise EvaluationError("--device cuda asks for GPU workers, but the Ray cluster has no GPU")
+    workers = min(backend.workers or (slots if gpu else 1), slots)  # more would wait for resources forever
     threads = max(1, int(resources.get("CPU", 1)) // workers)
     actor = ray.remote(num_gpus=1 if gpu else 0, num_cpus=threads)(RayWorker)
 
