@@ -17,7 +17,7 @@ from evaluation.models import SMOLLM2_ALIAS
 from evaluation.press_registry import PRESS_NAMES
 from evaluation.statistics import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.store import read_rows
-from evaluation.traces.policies import DEFAULT_THRESHOLD
+from evaluation.traces.policies import DEFAULT_THRESHOLD, H2O_WINDOW
 
 DEFAULT_LONGBENCH_TASKS = ["multi_news"]
 DEFAULT_RATIOS = [0.5, 0.75]
@@ -136,6 +136,9 @@ def add_traces(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--threshold", type=float, default=DEFAULT_THRESHOLD, help="attention that counts as a use (Belady's requests)"
     )
+    parser.add_argument(
+        "--h2o-window", type=int, default=H2O_WINDOW, help=f"H2O's recent window (default {H2O_WINDOW})"
+    )
     parser.add_argument("--data-root", type=Path, default=Path("../shared/data"), help="holds longbench/ and locomo/")
     add_output_and_backend_options(parser, "traces")
 
@@ -238,6 +241,7 @@ def run_traces(args: argparse.Namespace) -> Path:
             budgets=args.budgets,
             per_kv_group=args.per_kv_group,
             threshold=args.threshold,
+            h2o_window=args.h2o_window,
             data_root=args.data_root,
             output=args.output or Path("results") / "traces" / Path(args.model).name,
             device=args.device,

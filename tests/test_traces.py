@@ -189,6 +189,7 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
         (["--budgets", "32"], "budgets must be at least 64 (SnapKV's window) and below --length 160"),
         (["--length", "8192"], "--length 8192 must be in (64, 4096]"),
         (["--threshold", "0"], "--threshold 0.0 must be in (0, 1)"),
+        (["--h2o-window", "64"], "--h2o-window 64 must be in [0, the smallest budget)"),
     ],
 )
 def test_bad_trace_options_get_a_clear_error(model_dir, tmp_path, monkeypatch, capsys, arguments, message):  # noqa: F811

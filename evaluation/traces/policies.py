@@ -133,10 +133,10 @@ class BeladyPolicy(Policy):
         return -trace.next_use[:, t, : t + 1].float()
 
 
-def default_policies() -> list[Policy]:
+def default_policies(h2o_window: int = H2O_WINDOW) -> list[Policy]:
     return [
         PressPolicy("tova", TOVAPress(per_kv_group=True), "newest"),
-        AccumulatedPolicy("h2o", H2O_WINDOW),
+        AccumulatedPolicy("h2o", h2o_window),
         AccumulatedPolicy("accumulated"),
         PressPolicy("observed_attention", ObservedAttentionPress(), "cumulative"),
         PressPolicy("snapkv", SnapKVPress(), "window"),

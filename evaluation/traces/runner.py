@@ -24,13 +24,13 @@ from evaluation.run_record import RunRecord
 from evaluation.scorecard import Entry, entries_from_rows, write_tables
 from evaluation.store import ResultStore
 from evaluation.traces import controlled
-from evaluation.traces.policies import LAG_SWEEP, LayerTrace, Policy, default_policies, lag_sweep
+from evaluation.traces.policies import H2O_WINDOW, LAG_SWEEP, LayerTrace, Policy, default_policies, lag_sweep
 from evaluation.traces.record import Trace, load_or_record, parse_source, trace_name
 from evaluation.traces.replay import Replay, recent_share, replay
 
 METRICS = ("retained_mass", "heavy_hitter_recall", "hit_rate")
 RECENT, FIRST = 64, 4  # the TOVA seed's claim: the 64 most recent and the 4 first positions stay held
-RESULTS_DEFINING = ("model", "length", "per_kv_group", "threshold")
+RESULTS_DEFINING = ("model", "length", "per_kv_group", "threshold", "h2o_window")
 SUMMARY = "summary"
 
 
@@ -45,6 +45,7 @@ class TracesConfig:
     data_root: Path
     output: Path
     device: str = "cpu"
+    h2o_window: int = H2O_WINDOW
 
 
 def row_key(row: dict) -> tuple[str, str, str, str]:
@@ -105,7 +106,7 @@ def run_trace(
     stacked = LayerTrace(torch.cat(trace.layers), trace.correct, config.threshold)  # every layer's groups at once
     if (trace.name, "", "", SUMMARY) not in store:
         store.append(summary_row(trace, spec, stacked))
-    cells = [(p, b) for b in config.budgets for p in all_policies() if runnable(p, b)]
+    cells = [(p, b) for b in config.budgets for p in all_policies(config) if runnable(p, b)]
     todo = [(p, b) for p, b in cells if (trace.name, p.name, Budget("tokens", b).key, METRICS[0]) not in store]
     for policy, budget in tqdm(todo, desc=f"replay {spec}", unit="policy x budget", leave=False):
         for row in metric_rows(trace, policy, budget, replay(stacked, policy, budget)):
@@ -114,7 +115,7 @@ def run_trace(
 
 def unit_keys(config: TracesConfig, spec: str) -> frozenset:
     name = trace_name(config.model, spec, config.length, config.per_kv_group)
-    cells = [(p, b) for b in config.budgets for p in all_policies() if runnable(p, b)]
+    cells = [(p, b) for b in config.budgets for p in all_policies(config) if runnable(p, b)]
     keys = {(name, p.name, Budget("tokens", b).key, metric) for p, b in cells for metric in METRICS}
     return frozenset(keys | {(name, "", "", SUMMARY)})
 
@@ -124,6 +125,8 @@ def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
         parse_source(spec)
     if any(b < 64 or b >= config.length for b in config.budgets):
         raise EvaluationError(f"budgets must be at least 64 (SnapKV's window) and below --length {config.length}")
+    if not 0 <= config.h2o_window < min(config.budgets):
+        raise EvaluationError(f"--h2o-window {config.h2o_window} must be in [0, the smallest budget)")
     if not 0 < config.threshold < 1:
         raise EvaluationError(f"--threshold {config.threshold} must be in (0, 1): the attention that counts as a use")
     settings = {**asdict(config), "output": str(config.output), "data_root": str(config.data_root)}
@@ -138,8 +141,8 @@ def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
     return config.output
 
 
-def all_policies() -> list[Policy]:
-    return default_policies() + lag_sweep()
+def all_policies(config: TracesConfig) -> list[Policy]:
+    return default_policies(config.h2o_window) + lag_sweep()
 
 
 def conditions(row: dict) -> list[str]:
