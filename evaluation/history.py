@@ -29,7 +29,7 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache, PreTrainedModel
 
 from presses import RMMPress, TOVAPress
-from presses.attention import attention_column_sums
+from presses.attention import attention_column_sums, recomputed_column_sums
 from presses.ordered_scorer_press import OrderedScorerPress, kept_indices
 from presses.teacher_forcing import teacher_forced_correctness
 
@@ -124,12 +124,11 @@ class History:
             layer_input, (cos, sin) = captured[index]
             keys = self.cache.layers[index].keys
             kwargs = {"position_embeddings": (cos, sin)}
-            sums = attention_column_sums(module, layer_input, keys, None, kwargs).float()
-            weighted = (
-                sums
-                if all(w == 1.0 for w in new_weights)
-                else attention_column_sums(module, layer_input, keys, None, kwargs, row_weights=row_weights).float()
-            )
+            if all(w == 1.0 for w in new_weights):
+                sums = weighted = attention_column_sums(module, layer_input, keys, None, kwargs).float()
+            else:  # one pass over the rows for both sums
+                both = recomputed_column_sums(module, layer_input, keys, kwargs, [None, row_weights])
+                sums, weighted = (total.float() for total in both)
             newest = attention_column_sums(module, layer_input, keys, None, kwargs, n_rows=1).float()
             if index < len(self.layers):
                 previous = self.layers[index]

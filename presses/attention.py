@@ -107,16 +107,35 @@ def attention_column_sums(
             probs = probs * row_weights[:, None, :, None].to(probs.dtype)
         return probs.sum(2)
 
+    return recomputed_column_sums(module, hidden_states, keys, kwargs, [row_weights], n_rows, lag, chunk_size)[0]
+
+
+def recomputed_column_sums(
+    module: nn.Module,
+    hidden_states: torch.Tensor,
+    keys: torch.Tensor,
+    kwargs: dict,
+    weightings: list[torch.Tensor | None],
+    n_rows: int | None = None,
+    lag: int | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> list[torch.Tensor]:
+    """``attention_column_sums`` without eager weights, for several row weightings from one pass over the rows:
+    each chunk's attention is computed once and summed once per weighting (None: every row weighs 1)."""
+    k_len = keys.shape[2]
     n_rows = n_rows or hidden_states.shape[1]
-    sums = torch.zeros(keys.shape[0], module.config.num_attention_heads, k_len, dtype=torch.float32, device=keys.device)
-    for rows, probs in attention_row_chunks(module, hidden_states[:, -n_rows:], keys, kwargs, chunk_size):
+    shape = (keys.shape[0], module.config.num_attention_heads, k_len)
+    sums = [torch.zeros(shape, dtype=torch.float32, device=keys.device) for _ in weightings]
+    for rows, chunk in attention_row_chunks(module, hidden_states[:, -n_rows:], keys, kwargs, chunk_size):
         if lag is not None:
-            probs = probs * band_mask(rows, probs.shape[-1], lag).to(probs.dtype)
-        if row_weights is not None:
-            first = rows[0] - (k_len - n_rows)
-            probs = probs * row_weights[:, None, first : first + len(rows), None].to(probs.dtype)
-        sums[..., : probs.shape[-1]] += probs.sum(2)
-    return sums.to(keys.dtype)
+            chunk = chunk * band_mask(rows, chunk.shape[-1], lag).to(chunk.dtype)
+        first = rows[0] - (k_len - n_rows)
+        for total, row_weights in zip(sums, weightings, strict=True):
+            probs = chunk
+            if row_weights is not None:
+                probs = probs * row_weights[:, None, first : first + len(rows), None].to(probs.dtype)
+            total[..., : probs.shape[-1]] += probs.sum(2)
+    return [total.to(keys.dtype) for total in sums]
 
 
 def attention_row_chunks(
