@@ -8,10 +8,10 @@ import pytest
 import torch
 from kvpress import KnormPress
 
-from evaluation.budgets import Budget
+from evaluation.budgets import Budget, ratio_for
 from evaluation.generation import decode, decode_batch, generate
 from evaluation.history import History
-from evaluation.press_registry import PRESSES, PressSpec, make_press
+from evaluation.press_registry import PRESSES, PressSpec, attn_implementation, make_press
 from tests.helpers import prefill, tiny_model
 from tests.test_longbench_protocol import data_dir, longbench, model_dir, read_rows  # noqa: F401
 
@@ -20,10 +20,10 @@ CELLS = [("full", None)] + [
 ]
 
 
-def per_cell_caches(model, context: torch.Tensor, press_name: str, budget: Budget | None):
-    ratio = budget.compression_ratio(context.shape[1]) if budget else 0.0
-    model.set_attn_implementation("eager" if PRESSES.get(press_name, PressSpec(KnormPress)).needs_eager else "sdpa")
-    return prefill(model, context, make_press(press_name, ratio))
+def per_cell_cache(model, context: torch.Tensor, press_name: str, budget: Budget | None):
+    """KVPress's prefill under the press, with the attention implementation the per-cell path uses."""
+    model.set_attn_implementation(attn_implementation(press_name))
+    return prefill(model, context, make_press(press_name, ratio_for(budget, context.shape[1])))
 
 
 def test_batched_decoding_of_caches_of_different_lengths_equals_one_at_a_time(arch):
@@ -52,12 +52,12 @@ def test_shared_and_per_cell_paths_keep_the_same_positions_and_predict_the_same(
     generator = torch.Generator().manual_seed(5)
     context = torch.randint(3, 256, (1, 90), generator=generator)
     question = torch.randint(3, 256, (1, 5), generator=generator)
-    ratio = budget.compression_ratio(90) if budget else 0.0
+    ratio = ratio_for(budget, 90)
     history = History(model, frozenset({"context"}))
     history.extend(context[0].tolist(), "context")
     cache, kept = history.compress(make_press(press_name, ratio))
     full = prefill(model, context)
-    reference = per_cell_caches(model, context, press_name, budget)
+    reference = per_cell_cache(model, context, press_name, budget)
     for layer, indices in enumerate(kept):
         expected = torch.cdist(reference.layers[layer].keys, full.layers[layer].keys, p=float("inf")).argmin(-1)
         assert torch.equal(indices.sort(-1).values, expected.sort(-1).values), f"layer {layer}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def trace_name(model_name: str, spec: str, length: int, per_kv_group: bool) -> s
 
 
 def load_or_record(
-    model_loader,
+    model_loader: Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]],
     model_name: str,
     spec: str,
     length: int,
@@ -103,7 +104,8 @@ def load_or_record(
 ) -> Trace:
     """The named trace from the cache, else recorded (with ``model_loader()``) and cached; deterministic."""
     name = trace_name(model_name, spec, length, per_kv_group)
-    key = hashlib.sha256(name.encode()).hexdigest()[:12]
+    # the name holds only the model folder's name: the key tells apart models whose folders share a name
+    key = hashlib.sha256(f"{model_name}|{name}".encode()).hexdigest()[:12]
     path = cache_root() / "traces" / f"{name}-{key}.pt"
     if path.is_file():
         stored = torch.load(path)

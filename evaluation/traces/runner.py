@@ -106,8 +106,11 @@ def run_trace(
     stacked = LayerTrace(torch.cat(trace.layers), trace.correct, config.threshold)  # every layer's groups at once
     if (trace.name, "", "", SUMMARY) not in store:
         store.append(summary_row(trace, spec, stacked))
-    cells = [(p, b) for b in config.budgets for p in all_policies(config) if runnable(p, b)]
-    todo = [(p, b) for p, b in cells if (trace.name, p.name, Budget("tokens", b).key, METRICS[0]) not in store]
+    todo = [
+        (p, b)
+        for p, b in replay_cells(config)
+        if (trace.name, p.name, Budget("tokens", b).key, METRICS[0]) not in store
+    ]
     for policy, budget in tqdm(todo, desc=f"replay {spec}", unit="policy x budget", leave=False):
         for row in metric_rows(trace, policy, budget, replay(stacked, policy, budget)):
             store.append(row)
@@ -115,8 +118,7 @@ def run_trace(
 
 def unit_keys(config: TracesConfig, spec: str) -> frozenset:
     name = trace_name(config.model, spec, config.length, config.per_kv_group)
-    cells = [(p, b) for b in config.budgets for p in all_policies(config) if runnable(p, b)]
-    keys = {(name, p.name, Budget("tokens", b).key, metric) for p, b in cells for metric in METRICS}
+    keys = {(name, p.name, Budget("tokens", b).key, metric) for p, b in replay_cells(config) for metric in METRICS}
     return frozenset(keys | {(name, "", "", SUMMARY)})
 
 
@@ -141,8 +143,10 @@ def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
     return config.output
 
 
-def all_policies(config: TracesConfig) -> list[Policy]:
-    return default_policies(config.h2o_window) + lag_sweep()
+def replay_cells(config: TracesConfig) -> list[tuple[Policy, int]]:
+    """Every policy (the lag sweep included) at every budget it can run at."""
+    policies = default_policies(config.h2o_window) + lag_sweep()
+    return [(policy, budget) for budget in config.budgets for policy in policies if runnable(policy, budget)]
 
 
 def conditions(row: dict) -> list[str]:
