@@ -10,6 +10,8 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel
 
+from evaluation.ragged import RaggedCache, ragged_attention
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -81,24 +83,6 @@ def eos_ids(model: PreTrainedModel) -> set[int]:
     return set(eos) if isinstance(eos, list) else {eos} if eos is not None else set()
 
 
-def left_padded(caches: list[DynamicCache]) -> tuple[DynamicCache, torch.Tensor]:
-    """One batched cache from single-sequence caches of different lengths, padded on the left with zeros,
-    and the (batch, length) attention mask that hides the padding."""
-    lengths = [cache.get_seq_length() for cache in caches]
-    longest = max(lengths)
-    batched = DynamicCache()
-    for layer in range(len(caches[0].layers)):
-        keys, values = [], []
-        for cache in caches:
-            entry = cache.layers[layer]
-            pad = (0, 0, longest - entry.keys.shape[2], 0)
-            keys.append(torch.nn.functional.pad(entry.keys, pad))
-            values.append(torch.nn.functional.pad(entry.values, pad))
-        batched.update(torch.cat(keys), torch.cat(values), layer)
-    mask = torch.tensor([[0] * (longest - n) + [1] * n for n in lengths], device=caches[0].layers[0].keys.device)
-    return batched, mask
-
-
 @torch.no_grad()
 def decode_batch(
     model: PreTrainedModel,
@@ -110,37 +94,38 @@ def decode_batch(
     first_logits: torch.Tensor | None = None,
 ) -> list[list[int]]:
     """``decode`` for several caches that share the question and the positions (as every press's cache of one
-    prompt does) in one batch: caches of different lengths are left-padded and masked, and a sequence leaves
-    the batch when it stops. Returns the generated ids of each cache, in order.
+    prompt does) in one batch (``evaluation.ragged``: caches of different lengths are neither padded nor
+    copied at each step); a sequence leaves the batch when it stops. Returns the generated ids of each cache,
+    in order. The caches themselves are not modified.
 
     ``first_logits`` (1, 1, vocab), the prefill's last logits, is needed only when there is no question.
     """
     device = model.device
-    cache, mask = left_padded(caches)
-    mask = mask.to(device)
-    active = list(range(len(caches)))
+    order = sorted(range(len(caches)), key=lambda index: caches[index].get_seq_length())
+    cache = RaggedCache.from_caches([caches[index] for index in order], question_ids.shape[1] + max_new_tokens)
+    active = list(order)
     logits = None if first_logits is None else first_logits.expand(len(caches), -1, -1)
     step_ids = question_ids.to(device).expand(len(caches), -1)
     generated: list[list[int]] = [[] for _ in caches]
-    while active:
-        if step_ids.shape[1]:
-            mask = torch.cat([mask, mask.new_ones(len(active), step_ids.shape[1])], dim=1)
-            positions = torch.arange(position, position + step_ids.shape[1], device=device).expand(len(active), -1)
-            logits = model(
-                input_ids=step_ids, past_key_values=cache, position_ids=positions, attention_mask=mask, logits_to_keep=1
-            ).logits
-            position += step_ids.shape[1]
-        tokens = logits[:, -1].argmax(-1).tolist()
-        going = []
-        for row, sequence in enumerate(active):
-            if tokens[row] not in stop_ids and max_new_tokens > 0:
-                generated[sequence].append(tokens[row])
-                if len(generated[sequence]) < max_new_tokens:
-                    going.append(row)
-        if len(going) < len(active):
-            keep = torch.tensor(going, dtype=torch.long, device=device)
-            cache.batch_select_indices(keep)
-            mask, logits = mask[keep], logits[keep]
-            active = [active[row] for row in going]
-        step_ids = torch.tensor([[tokens[row]] for row in going], dtype=torch.long, device=device)
+    with ragged_attention(model):
+        while active:
+            if step_ids.shape[1]:
+                positions = torch.arange(position, position + step_ids.shape[1], device=device).expand(len(active), -1)
+                logits = model(
+                    input_ids=step_ids, past_key_values=cache, position_ids=positions, logits_to_keep=1
+                ).logits
+                position += step_ids.shape[1]
+            tokens = logits[:, -1].argmax(-1).tolist()
+            going = []
+            for row, sequence in enumerate(active):
+                if tokens[row] not in stop_ids and max_new_tokens > 0:
+                    generated[sequence].append(tokens[row])
+                    if len(generated[sequence]) < max_new_tokens:
+                        going.append(row)
+            if len(going) < len(active):
+                keep = torch.tensor(going, dtype=torch.long, device=device)
+                cache.batch_select_indices(keep)
+                logits = logits[keep]
+                active = [active[row] for row in going]
+            step_ids = torch.tensor([[tokens[row]] for row in going], dtype=torch.long, device=device)
     return generated

@@ -60,7 +60,7 @@ class RMMPress(OrderedScorerPress):
     correctness : "teacher_forced", "uniform", or per-position weights, default="teacher_forced"
         The row weights w(t): the model's own teacher-forced correctness, all ones, or one non-negative weight
         per cached position (shape (length,) or (batch, length)) supplied by the caller.
-    chunk_size : int, default=256
+    chunk_size : int, default=64
         Query rows per chunk when the sums are recomputed without eager attention weights.
     """
 

@@ -141,27 +141,21 @@ def run_shared(
     cells: list[tuple[str, Budget | None]],
 ) -> list[dict]:
     """The shared path for one example's cells: one full-cache prefill, each press's cache derived from it,
-    one batched decode per cache length. Every cell's press must be one ``History.supports``."""
+    one batched decode of them all. Every cell's press must be one ``History.supports``."""
     model.set_attn_implementation("sdpa")
     history = History(model, frozenset({"context"}))
     history.extend(prompt.context_ids[0].tolist(), "context")
     caches = [history.compress(make_press(name, ratio_for(budget, history.length)))[0] for name, budget in cells]
     kept = [cache.get_seq_length() for cache in caches]
-    stop = stop_ids(model, tokenizer, example.task)
-    generated: list[list[int]] = [[] for _ in cells]
-    for length in sorted(set(kept)):  # one batch per cache length: decoding on a CPU is bound by what it reads
-        batch = [index for index, n in enumerate(kept) if n == length]
-        tokens = decode_batch(
-            model,
-            [caches[index] for index in batch],
-            prompt.question_ids,
-            history.length,
-            task_config.max_new_tokens,
-            stop,
-            history.newest_logits,
-        )
-        for index, sequence in zip(batch, tokens, strict=True):
-            generated[index] = sequence
+    generated = decode_batch(
+        model,
+        caches,
+        prompt.question_ids,
+        history.length,
+        task_config.max_new_tokens,
+        stop_ids(model, tokenizer, example.task),
+        history.newest_logits,
+    )
     return [
         cell_row(config, example, prompt, press_name, budget, tokens, n_kept, "shared", tokenizer)
         for (press_name, budget), tokens, n_kept in zip(cells, generated, kept, strict=True)
