@@ -173,29 +173,25 @@ class History:
         return press.score(module, statistics.recent_hidden, keys, values, None, kwargs)
 
     def compress(self, press: ScorerPress | None) -> tuple[DynamicCache, list[torch.Tensor]]:
-        """A compressed copy for answering (the full cache itself when ``press`` is None), and the kept indices
-        per layer. The press keeps its own selection rule; kept keys keep their original positions."""
+        """A compressed copy for answering (a full copy when ``press`` is None), and the kept indices per layer.
+        The press keeps its own selection rule; kept keys keep their original positions."""
         if not self.supports(press):
             raise ValueError(f"{type(press).__name__} reads more than the history keeps: give it its own prefill")
-        if press is None or press.compression_ratio == 0:
-            indices = [torch.arange(self.length).expand(1, layer.keys.shape[1], -1) for layer in self.cache.layers]
-            return self.cache, indices
         compressed, kept_per_layer = DynamicCache(), []
         for layer in range(len(self.cache.layers)):
             keys, values = self.cache.layers[layer].keys, self.cache.layers[layer].values
-            scores = self.scores(press, layer)
-            n_kept = compute_n_kept(self.length, press.compression_ratio)
-            # each press keeps its own selection rule: ours in position order, KVPress's ScorerPress by topk
-            if isinstance(press, OrderedScorerPress):
-                kept = kept_indices(scores, n_kept)
+            if press is None or press.compression_ratio == 0:
+                kept = torch.arange(self.length).expand(1, keys.shape[1], -1)
             else:
-                kept = scores.topk(n_kept, dim=-1).indices
+                scores = self.scores(press, layer)
+                n_kept = compute_n_kept(self.length, press.compression_ratio)
+                # each press keeps its own selection rule: ours in position order, KVPress's ScorerPress by topk
+                kept = (
+                    kept_indices(scores, n_kept)
+                    if isinstance(press, OrderedScorerPress)
+                    else scores.topk(n_kept).indices
+                )
             gather = kept.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
             compressed.update(keys.gather(2, gather).contiguous(), values.gather(2, gather).contiguous(), layer)
             kept_per_layer.append(kept)
         return compressed, kept_per_layer
-
-    def release(self, cache: DynamicCache) -> None:
-        """Undo what answering appended to the full cache (the compressed copies are simply dropped)."""
-        if cache is self.cache:
-            self.cache.crop(self.length)

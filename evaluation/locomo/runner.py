@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.backends import LOCAL, Backend, Unit, run_units
 from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.errors import EvaluationError
-from evaluation.generation import decode, eos_ids
+from evaluation.generation import decode_batch, eos_ids
 from evaluation.history import History
 from evaluation.locomo.data import Conversation, Question, Session, load_conversations, resolve_path
 from evaluation.locomo.render import (
@@ -133,17 +133,16 @@ class ConversationRun:
             prompt = question_prompt(conversation, question)
             answerable = bool(question.evidence_sessions) and question.evidence_sessions <= kept_sessions
             question_ids = {stream: framing.question_ids(turns[stream], prompt) for stream in histories}
-            for cell in self.cells:
-                stream = None if shared else cell
-                row = store.get(cell_key(conversation, question, cell))
-                if row is None:
-                    row = self.answer(histories[stream], question_ids[stream], question, cell, turn, answerable)
-                    store.append(row)
-                    bar.update()
+            for stream, history in histories.items():
+                cells = self.cells if shared else [stream]
+                missing = [cell for cell in cells if cell_key(conversation, question, cell) not in store]
+                if missing:
+                    for row in self.answer(history, question_ids[stream], question, missing, turn, answerable):
+                        store.append(row)
+                        bar.update()
                 if not shared:
-                    self.append_turn(
-                        framing, histories[stream], turns[stream], prompt, question_ids[stream], row["prediction"]
-                    )
+                    answer = store.get(cell_key(conversation, question, stream))["prediction"]
+                    self.append_turn(framing, history, turns[stream], prompt, question_ids[stream], answer)
             if shared:
                 self.append_turn(
                     framing, histories[None], turns[None], prompt, question_ids[None], gold_answer(question)
@@ -163,15 +162,38 @@ class ConversationRun:
         turns.append((prompt, answer))
 
     def answer(
-        self, history: History, question_ids: list[int], question: Question, cell: Cell, turn: int, answerable: bool
+        self,
+        history: History,
+        question_ids: list[int],
+        question: Question,
+        cells: list[Cell],
+        turn: int,
+        answerable: bool,
+    ) -> list[dict]:
+        """The rows of ``cells`` for one question: each cell's cache compressed from the history, all decoded in
+        one batch."""
+        ratios = [ratio_for(budget, history.length) for _, budget in cells]
+        caches = [history.compress(make_press(name, ratio))[0] for (name, _), ratio in zip(cells, ratios, strict=True)]
+        generated = decode_batch(
+            self.model, caches, torch.tensor([question_ids]), history.length, self.config.max_new_tokens, self.stop
+        )
+        return [
+            self.row(question, cell, ratio, history.length, cache.get_seq_length(), tokens, turn, answerable)
+            for cell, ratio, cache, tokens in zip(cells, ratios, caches, generated, strict=True)
+        ]
+
+    def row(
+        self,
+        question: Question,
+        cell: Cell,
+        ratio: float,
+        history_tokens: int,
+        kept_tokens: int,
+        generated: list[int],
+        turn: int,
+        answerable: bool,
     ) -> dict:
         press_name, budget = cell
-        ratio = ratio_for(budget, history.length)
-        cache, kept = history.compress(make_press(press_name, ratio))
-        generated = decode(
-            self.model, cache, torch.tensor([question_ids]), history.length, self.config.max_new_tokens, self.stop
-        )
-        history.release(cache)
         prediction = self.tokenizer.decode(generated, skip_special_tokens=True).strip()
         scored = (
             resolve_choice(prediction, choice_options(self.conversation, question))
@@ -189,8 +211,8 @@ class ConversationRun:
             "budget": budget_key(budget),
             "budget_label": budget_label(budget),
             "compression_ratio": ratio,
-            "history_tokens": history.length,
-            "kept_tokens": kept[0].shape[-1],
+            "history_tokens": history_tokens,
+            "kept_tokens": kept_tokens,
             "answerable": answerable,
             "history_mode": self.config.history,
             "rmm_weights": self.config.rmm_weights,
