@@ -9,7 +9,7 @@ import torch
 from kvpress import KnormPress
 
 from evaluation.budgets import Budget, ratio_for
-from evaluation.generation import decode, decode_batch, generate
+from evaluation.generation import decode_batch, generate
 from evaluation.history import History
 from evaluation.press_registry import PRESSES, PressSpec, attn_implementation, make_press
 from tests.helpers import prefill, tiny_model
@@ -24,24 +24,6 @@ def per_cell_cache(model, context: torch.Tensor, press_name: str, budget: Budget
     """KVPress's prefill under the press, with the attention implementation the per-cell path uses."""
     model.set_attn_implementation(attn_implementation(press_name))
     return prefill(model, context, make_press(press_name, ratio_for(budget, context.shape[1])))
-
-
-def test_batched_decoding_of_caches_of_different_lengths_equals_one_at_a_time(arch):
-    model = tiny_model(arch, "sdpa")
-    generator = torch.Generator().manual_seed(3)
-    context = torch.randint(3, 256, (1, 80), generator=generator)
-    question = torch.randint(3, 256, (1, 6), generator=generator)
-    history = History(model, frozenset({"context"}))
-    history.extend(context[0].tolist(), "context")
-    cells = [("full", 0.0), ("tova", 0.5), ("snapkv", 0.75), ("rmm", 0.25)]
-    caches = [history.compress(make_press(name, ratio))[0] for name, ratio in cells]
-    unstopped = decode_batch(model, caches, question, 80, 12, set())
-    stop = {unstopped[1][4]}  # the second cache stops early; the others may run on
-    batched = decode_batch(model, caches, question, 80, 12, stop)
-    assert len({len(tokens) for tokens in batched}) > 1, "sequences leave the batch at different steps"
-    for (name, ratio), tokens in zip(cells, batched, strict=True):
-        single = decode(model, history.compress(make_press(name, ratio))[0], question, 80, 12, stop)
-        assert tokens == single, name
 
 
 @pytest.mark.parametrize(("press_name", "budget"), CELLS, ids=[f"{p}-{b.key if b else 'full'}" for p, b in CELLS])
