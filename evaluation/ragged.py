@@ -29,8 +29,8 @@ RAGGED_SDPA = "kvet_ragged_sdpa"
 
 
 class Ragged(NamedTuple):
-    """One layer's keys (or values) as it hands them to the attention: per group, its batch rows and a view
-    of shape (rows, num_kv_heads, length, head_dim)."""
+    """One layer's keys (or values) as a ``RaggedLayer`` hands them to the attention: per group, its batch rows
+    and a view of shape (rows, num_kv_heads, length, head_dim)."""
 
     rows: list[slice]
     tensors: list[torch.Tensor]
@@ -119,9 +119,6 @@ def _with_room(parts: list[torch.Tensor], room: int) -> torch.Tensor:
 class RaggedCache(Cache):
     """A batch of single-sequence caches of any lengths, for decoding with ``ragged_attention``."""
 
-    def __init__(self, layers: list[RaggedLayer]) -> None:
-        super().__init__(layers=layers)
-
     @classmethod
     def from_caches(cls, caches: list[DynamicCache], room: int) -> RaggedCache:
         """Batch row i holds ``caches[i]``; sequences of equal length must be adjacent (sort them by length).
@@ -137,7 +134,7 @@ class RaggedCache(Cache):
             keys = [[entry.keys for entry in entries[a:b]] for a, b in spans]
             values = [[entry.values for entry in entries[a:b]] for a, b in spans]
             layers.append(RaggedLayer(keys, values, room))
-        return cls(layers)
+        return cls(layers=layers)
 
 
 def ragged_sdpa(

@@ -19,7 +19,7 @@ from kvpress.utils import get_prerope_query_states
 from torch import nn
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
-DEFAULT_CHUNK_SIZE = 64  # (heads x 64 x length) fp32 logits stay in a 32 MiB L3 cache up to ~14k tokens
+DEFAULT_CHUNK_SIZE = 64  # rows; small enough for a chunk's logits to stay in a CPU cache (README, Benchmarks)
 
 
 def row_rotary(module: nn.Module, hidden_rows: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
