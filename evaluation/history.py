@@ -118,17 +118,17 @@ class History:
         self._newest_teacher_forced = teacher_forced
         self.token_ids += token_ids
         self.weights += new_weights
-        row_weights = torch.tensor([new_weights], device=self.model.device)
+        # the plain sums, and the weighted ones unless every new row weighs 1: both from one pass over the rows
+        weightings: list[torch.Tensor | None] = [None]
+        if any(w != 1.0 for w in new_weights):
+            weightings.append(torch.tensor([new_weights], device=self.model.device))
 
         for index, module in enumerate(attention):
             layer_input, (cos, sin) = captured[index]
             keys = self.cache.layers[index].keys
             kwargs = {"position_embeddings": (cos, sin)}
-            if all(w == 1.0 for w in new_weights):
-                sums = weighted = attention_column_sums(module, layer_input, keys, None, kwargs).float()
-            else:  # one pass over the rows for both sums
-                both = recomputed_column_sums(module, layer_input, keys, kwargs, [None, row_weights])
-                sums, weighted = (total.float() for total in both)
+            both = recomputed_column_sums(module, layer_input, keys, kwargs, weightings)
+            sums, weighted = both[0].float(), both[-1].float()
             newest = attention_column_sums(module, layer_input, keys, None, kwargs, n_rows=1).float()
             if index < len(self.layers):
                 previous = self.layers[index]

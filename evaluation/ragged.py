@@ -25,6 +25,8 @@ from torch import nn
 from transformers import AttentionInterface, DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from presses.attention import band_mask
+
 RAGGED_SDPA = "kvet_ragged_sdpa"
 
 
@@ -160,16 +162,12 @@ def ragged_sdpa(
     q_len = query.shape[2]
     output = torch.empty_like(query)
     for rows, keys, values in zip(key.rows, key.tensors, value.tensors, strict=True):
-        mask = None if q_len == 1 else _causal_tail(q_len, keys.shape[2], query.device)
+        k_len = keys.shape[2]
+        mask = None if q_len == 1 else band_mask(torch.arange(k_len - q_len, k_len, device=query.device), k_len, None)
         output[rows] = nn.functional.scaled_dot_product_attention(
             query[rows], keys, values, attn_mask=mask, scale=scaling, enable_gqa=True
         )
     return output.transpose(1, 2).contiguous(), None
-
-
-def _causal_tail(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-    """(q_len, k_len) boolean: query i, the (k_len - q_len + i)-th position, sees the keys up to itself."""
-    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril_(k_len - q_len)
 
 
 AttentionInterface.register(RAGGED_SDPA, ragged_sdpa)

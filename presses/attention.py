@@ -159,14 +159,9 @@ def attention_row_chunks(
         visible = k_len - n_rows + stop
         rows = torch.arange(visible - (stop - start), visible, device=keys.device)
         logits = torch.matmul(queries[:, :, start:stop], keys[..., :visible])
-        # only the chunk's own rows' block holds keys later than some row: mask its upper triangle
-        logits[..., visible - (stop - start) :].masked_fill_(future_mask(stop - start, keys.device), float("-inf"))
+        block = visible - (stop - start)  # only the chunk's own square block holds keys later than some row
+        logits[..., block:].masked_fill_(~band_mask(rows - block, stop - start, None), float("-inf"))
         yield rows, nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(queries.dtype)
-
-
-def future_mask(size: int, device: torch.device) -> torch.Tensor:
-    """(size, size) boolean, True above the diagonal: the keys that come after each row of a square block."""
-    return torch.ones(size, size, dtype=torch.bool, device=device).triu_(1)
 
 
 def group_mean(scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
