@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("sdpa", "eager-h2o", "chunked-h2o")
+MODES = ("sdpa", "eager-h2o", "chunked-h2o", "fused-h2o")
 
 
 def token_ids(tokenizer, data: Path, length: int):
@@ -55,6 +55,7 @@ def child(mode: str, length: int, data: Path) -> None:
         "sdpa": None,
         "eager-h2o": ObservedAttentionPress(0.5),
         "chunked-h2o": RMMPress(0.5, correctness="uniform"),
+        "fused-h2o": RMMPress(0.5, correctness="uniform", fused_attention=True),
     }[mode]
     cache = DynamicCache()
     start = time.perf_counter()

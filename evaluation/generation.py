@@ -10,7 +10,8 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel
 
-from evaluation.ragged import RaggedCache, ragged_attention
+from evaluation.ragged import RAGGED_SDPA, RaggedCache
+from presses.attention import attention_implementation
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def decode_batch(
     logits = None if first_logits is None else first_logits.expand(len(caches), -1, -1)
     step_ids = question_ids.to(device).expand(len(caches), -1)
     generated: list[list[int]] = [[] for _ in caches]
-    with ragged_attention(model):
+    with attention_implementation(model, RAGGED_SDPA):
         while active:
             if step_ids.shape[1]:
                 positions = torch.arange(position, position + step_ids.shape[1], device=device).expand(len(active), -1)

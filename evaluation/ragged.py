@@ -15,14 +15,12 @@ cache at every step (``torch.cat``). Here instead:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import accumulate
 from typing import NamedTuple
 
 import torch
 from torch import nn
-from transformers import AttentionInterface, DynamicCache, PreTrainedModel
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from presses.attention import band_mask
@@ -119,7 +117,7 @@ def _with_room(parts: list[torch.Tensor], room: int) -> torch.Tensor:
 
 
 class RaggedCache(Cache):
-    """A batch of single-sequence caches of any lengths, for decoding with ``ragged_attention``."""
+    """A batch of single-sequence caches of any lengths, decoded with the ``RAGGED_SDPA`` attention."""
 
     @classmethod
     def from_caches(cls, caches: list[DynamicCache], room: int) -> RaggedCache:
@@ -171,14 +169,3 @@ def ragged_sdpa(
 
 
 AttentionInterface.register(RAGGED_SDPA, ragged_sdpa)
-
-
-@contextmanager
-def ragged_attention(model: PreTrainedModel) -> Iterator[None]:
-    """Run ``model``'s attention with ``ragged_sdpa`` inside the block, then restore its implementation."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(RAGGED_SDPA)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)

@@ -13,10 +13,12 @@ during decoding (inside ``DecodingPress``), the buffered recent tokens.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from kvpress.utils import get_prerope_query_states
 from torch import nn
+from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 DEFAULT_CHUNK_SIZE = 64  # rows; small enough for a chunk's logits to stay in a CPU cache (README, Benchmarks)
@@ -122,20 +124,39 @@ def recomputed_column_sums(
 ) -> list[torch.Tensor]:
     """``attention_column_sums`` without eager weights, for several row weightings from one pass over the rows:
     each chunk's attention is computed once and summed once per weighting (None: every row weighs 1)."""
-    k_len = keys.shape[2]
     n_rows = n_rows or hidden_states.shape[1]
-    shape = (keys.shape[0], module.config.num_attention_heads, k_len)
-    sums = [torch.zeros(shape, dtype=torch.float32, device=keys.device) for _ in weightings]
+    sums = zero_sums(keys, module.config.num_attention_heads, len(weightings))
     for rows, chunk in attention_row_chunks(module, hidden_states[:, -n_rows:], keys, kwargs, chunk_size):
-        if lag is not None:
-            chunk = chunk * band_mask(rows, chunk.shape[-1], lag).to(chunk.dtype)
-        first = rows[0] - (k_len - n_rows)
-        for total, row_weights in zip(sums, weightings, strict=True):
-            probs = chunk
-            if row_weights is not None:
-                probs = probs * row_weights[:, None, first : first + len(rows), None].to(probs.dtype)
-            total[..., : probs.shape[-1]] += probs.sum(2)
+        add_column_sums(sums, weightings, rows, chunk, n_rows, lag)
     return [total.to(keys.dtype) for total in sums]
+
+
+def zero_sums(keys: torch.Tensor, num_heads: int, count: int) -> list[torch.Tensor]:
+    """``count`` float32 accumulators of shape (batch, num_heads, k_len) for the column sums over ``keys``."""
+    shape = (keys.shape[0], num_heads, keys.shape[2])
+    return [torch.zeros(shape, dtype=torch.float32, device=keys.device) for _ in range(count)]
+
+
+def add_column_sums(
+    sums: list[torch.Tensor],
+    weightings: list[torch.Tensor | None],
+    rows: torch.Tensor,
+    probs: torch.Tensor,
+    n_rows: int,
+    lag: int | None,
+) -> None:
+    """Add one chunk of ``probability_chunks`` to each weighting's sums (batch, num_heads, k_len).
+
+    ``weightings``: per sum, the (batch, n_rows) weights of the last ``n_rows`` rows, or None for all ones.
+    """
+    if lag is not None:
+        probs = probs * band_mask(rows, probs.shape[-1], lag).to(probs.dtype)
+    first = rows[0] - (sums[0].shape[-1] - n_rows)
+    for total, row_weights in zip(sums, weightings, strict=True):
+        weighted = probs
+        if row_weights is not None:
+            weighted = probs * row_weights[:, None, first : first + len(rows), None].to(probs.dtype)
+        total[..., : probs.shape[-1]] += weighted.sum(2)
 
 
 def attention_row_chunks(
@@ -145,14 +166,24 @@ def attention_row_chunks(
     kwargs: dict,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The attention of the rows of ``hidden_rows`` (the newest rows of the cache), ``chunk_size`` at a time.
-
-    Yields ``(rows, probs)``: the chunk's row positions in the cache, shape (chunk,), and its attention
-    probabilities, shape (batch, num_heads, chunk, visible), over the keys up to the chunk's last row
-    (later keys are masked for every row of the chunk, so they are skipped).
-    """
-    k_len, n_rows = keys.shape[2], hidden_rows.shape[1]
+    """``probability_chunks`` for the rows of ``hidden_rows`` (the newest rows of the cache), whose queries are
+    recomputed from the layer's input."""
     queries = row_queries(module, hidden_rows, kwargs) * module.scaling
+    return probability_chunks(queries, keys, chunk_size)
+
+
+def probability_chunks(
+    queries: torch.Tensor, keys: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The causal attention of the newest rows of the cache, ``chunk_size`` rows at a time.
+
+    ``queries``: post-rotary and already scaled, (batch, num_heads, n_rows, head_dim), for the last n_rows
+    positions of ``keys`` (batch, num_kv_heads, k_len, head_dim). Yields ``(rows, probs)``: the chunk's row
+    positions in the cache, shape (chunk,), and its attention probabilities, shape
+    (batch, num_heads, chunk, visible), over the keys up to the chunk's last row (later keys are masked for
+    every row of the chunk, so they are skipped).
+    """
+    k_len, n_rows = keys.shape[2], queries.shape[2]
     keys = repeat_kv(keys, queries.shape[1] // keys.shape[1]).transpose(2, 3)
     for start in range(0, n_rows, chunk_size):
         stop = min(start + chunk_size, n_rows)
@@ -167,3 +198,14 @@ def attention_row_chunks(
 def group_mean(scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """Average per-query-head scores (batch, num_heads, ...) over each KV group: (batch, num_kv_heads, ...)."""
     return scores.unflatten(1, (num_kv_heads, -1)).mean(2)
+
+
+@contextmanager
+def attention_implementation(model: PreTrainedModel, name: str) -> Iterator[None]:
+    """Run ``model``'s attention with the implementation ``name`` inside the block, then restore the previous one."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -12,6 +12,7 @@ from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
 from presses.attention import DEFAULT_CHUNK_SIZE, attention_column_sums, group_mean, rows_per_key
+from presses.fused_attention import fused_column_sums, take_fused_sums
 from presses.ordered_scorer_press import OrderedScorerPress
 from presses.teacher_forcing import hooks_suspended, input_ids_of, language_model, teacher_forced_correctness
 
@@ -62,12 +63,20 @@ class RMMPress(OrderedScorerPress):
         per cached position (shape (length,) or (batch, length)) supplied by the caller.
     chunk_size : int, default=64
         Query rows per chunk when the sums are recomputed without eager attention weights.
+    fused_attention : bool, default=False
+        Under sdpa, compute each layer's prefill attention output and the sums in one chunked pass
+        (``presses.fused_attention``) instead of sdpa followed by a second pass over every query-key product:
+        scoring then costs little more than the attention itself, but the layer's output comes from that
+        chunked pass, equal to sdpa's within float rounding rather than bit for bit. Needs the weights before
+        the forward, so only with uniform or per-position correctness; only when RMMPress is the press the
+        model runs under (inside a wrapper press the sums are recomputed).
     """
 
     compression_ratio: float = 0.0
     lag: int | None = None
     correctness: str | torch.Tensor | Sequence[float] = "teacher_forced"
     chunk_size: int = DEFAULT_CHUNK_SIZE
+    fused_attention: bool = False
 
     _weights: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     _deferring: bool = field(default=False, init=False, repr=False, compare=False)
@@ -82,6 +91,13 @@ class RMMPress(OrderedScorerPress):
             raise ValueError(f"lag must be None or an integer >= 0 (the commit lag H), got {self.lag!r}")
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive integer, got {self.chunk_size!r}")
+        if not isinstance(self.fused_attention, bool):
+            raise ValueError(f"fused_attention must be True or False, got {self.fused_attention!r}")
+        if self.fused_attention and self.teacher_forced:
+            raise ValueError(
+                "fused_attention=True sums during the forward, before teacher-forced weights exist: use "
+                "correctness='uniform' or per-position weights, or fused_attention=False"
+            )
         if isinstance(self.correctness, str):
             if self.correctness not in CORRECTNESS_MODES:
                 raise ValueError(
@@ -113,9 +129,11 @@ class RMMPress(OrderedScorerPress):
         k_len = keys.shape[2]
         n_rows = attentions.shape[2] if attentions is not None else hidden_states.shape[1]
         weights = self.row_weights(n_rows, k_len, kwargs, keys.device)
-        sums = attention_column_sums(
-            module, hidden_states, keys, attentions, kwargs, n_rows, weights, self.lag, self.chunk_size
-        )
+        sums = take_fused_sums(module, k_len) if attentions is None else None
+        if sums is None:
+            sums = attention_column_sums(
+                module, hidden_states, keys, attentions, kwargs, n_rows, weights, self.lag, self.chunk_size
+            )
         return self.demonstrated_utility(sums, n_rows, keys.shape[1])
 
     def demonstrated_utility(self, sums: torch.Tensor, n_rows: int, num_kv_heads: int) -> torch.Tensor:
@@ -177,7 +195,7 @@ class RMMPress(OrderedScorerPress):
     @contextmanager
     def __call__(self, model: PreTrainedModel) -> Iterator[None]:
         if not self.teacher_forced:
-            with super().__call__(model):
+            with self._fused_sums(model), super().__call__(model):
                 yield
             return
         self._deferring = True
@@ -190,6 +208,12 @@ class RMMPress(OrderedScorerPress):
         finally:
             commit.remove()
             self._deferring, self._deferred, self._weights = False, [], None
+
+    def _fused_sums(self, model: PreTrainedModel) -> AbstractContextManager[None]:
+        if not self.fused_attention:
+            return nullcontext()
+        weights = self.correctness if isinstance(self.correctness, torch.Tensor) else None
+        return fused_column_sums(model, language_model(model).layers, weights, self.lag, self.chunk_size)
 
     def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list) -> list:
         if self._deferring and is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1]):

@@ -71,10 +71,13 @@ def positions_of(full_keys: torch.Tensor, kept_keys: torch.Tensor, atol: float =
     return matches.float().argmax(-1)
 
 
-def kept_positions(model: PreTrainedModel, input_ids: torch.Tensor, press: BasePress) -> list[torch.Tensor]:
-    """Per layer, the positions a prefill press keeps, (batch, num_kv_heads, n_kept), in stored order."""
+def kept_positions(
+    model: PreTrainedModel, input_ids: torch.Tensor, press: BasePress, atol: float = 0.0
+) -> list[torch.Tensor]:
+    """Per layer, the positions a prefill press keeps, (batch, num_kv_heads, n_kept), in stored order
+    (``atol``: for a press that computes the attention itself, see ``positions_of``)."""
     full, compressed = prefill(model, input_ids), prefill(model, input_ids, press)
-    return [positions_of(f.keys, c.keys) for f, c in zip(full.layers, compressed.layers, strict=True)]
+    return [positions_of(f.keys, c.keys, atol) for f, c in zip(full.layers, compressed.layers, strict=True)]
 
 
 def same_sets(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

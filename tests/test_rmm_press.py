@@ -153,6 +153,8 @@ def test_teacher_forced_inside_per_layer_compression_says_what_to_do(sdpa_model,
         ({"correctness": [1.0, -0.5]}, "non-negative"),
         ({"correctness": [[[1.0]]]}, "shape"),
         ({"chunk_size": 0}, "chunk_size"),
+        ({"fused_attention": "yes"}, "fused_attention must be True or False"),
+        ({"fused_attention": True}, "before teacher-forced weights exist"),
         ({"compression_ratio": 1.0}, "compression_ratio"),
     ],
 )

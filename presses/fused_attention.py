@@ -1,0 +1,128 @@
+"""A prefill's attention output and its column sums in one chunked pass.
+
+A press that scores by column sums of attention while the model runs sdpa computes every query-key product
+twice: once inside sdpa, once for the sums (``presses.attention.recomputed_column_sums``). On a CPU that
+second pass costs about as much as the attention itself (README, Benchmarks). ``fused_sdpa``, registered in
+transformers' ``AttentionInterface``, computes the layer's output from the very probabilities it sums, so
+scoring adds only the sums. Its output equals sdpa's within float rounding, not bit for bit, which is why a
+press uses it only when asked (``RMMPress(fused_attention=True)``).
+
+A press asks by attaching a ``ColumnSumRequest`` to each attention module (``fused_column_sums``); after the
+layer's prefill the request holds the sums, which the press takes in its forward hook (``take_fused_sums``).
+Whatever ``fused_sdpa`` cannot sum exactly (a padding mask, a sliding window, a single query row) it hands to
+sdpa unchanged, recording no sums, and the press recomputes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+from transformers.models.llama.modeling_llama import repeat_kv
+
+from presses.attention import add_column_sums, attention_implementation, probability_chunks, zero_sums
+
+FUSED_SDPA = "kvet_fused_sdpa"
+REQUEST = "kvet_column_sums"  # the attribute of an attention module that holds its ColumnSumRequest
+
+
+@dataclass
+class ColumnSumRequest:
+    """The column sums a press wants from a layer's prefill, and, once ``fused_sdpa`` has run, the sums.
+
+    ``weights``: per cached position, the weight of the query row at that position, (batch, length), or None
+    for all ones; ``lag``: only rows t with t - k <= lag count towards key k (None: all later rows).
+    ``sums``: (batch, num_heads, k_len), from the layer's latest forward; None when it could not fuse.
+    """
+
+    weights: torch.Tensor | None
+    lag: int | None
+    chunk_size: int
+    sums: torch.Tensor | None = None
+
+
+def fused_sdpa(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention chunk by chunk, summing each chunk's probabilities into the module's request.
+
+    ``query``: (batch, num_heads, q_len, head_dim), the last q_len positions of ``key`` and ``value``
+    (batch, num_kv_heads, k_len, head_dim). Returns (batch, q_len, num_heads, head_dim), as transformers'
+    sdpa integration does.
+    """
+    request: ColumnSumRequest | None = getattr(module, REQUEST, None)
+    q_len, k_len = query.shape[2], key.shape[2]
+    fusable = (
+        request is not None
+        and q_len > 1
+        and attention_mask is None
+        and not dropout
+        and kwargs.get("sliding_window") is None
+        and getattr(module, "is_causal", True)
+        and (request.weights is None or request.weights.shape[-1] == k_len)
+    )
+    if request is not None:
+        request.sums = None
+    if not fusable:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    values = repeat_kv(value, query.shape[1] // value.shape[1])
+    weightings = [None if request.weights is None else request.weights[:, k_len - q_len :].to(query.device)]
+    sums = zero_sums(key, query.shape[1], 1)
+    output = torch.empty_like(query)
+    for rows, probs in probability_chunks(query * scale, key, request.chunk_size):
+        local = rows - (k_len - q_len)
+        output[:, :, local[0] : local[-1] + 1] = torch.matmul(probs, values[:, :, : probs.shape[-1]])
+        add_column_sums(sums, weightings, rows, probs, q_len, request.lag)
+    request.sums = sums[0].to(key.dtype)
+    return output.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(FUSED_SDPA, fused_sdpa)
+AttentionMaskInterface.register(FUSED_SDPA, sdpa_mask)  # padding reaches fused_sdpa, which then defers to sdpa
+
+
+@contextmanager
+def fused_column_sums(
+    model: PreTrainedModel, layers: nn.ModuleList, weights: torch.Tensor | None, lag: int | None, chunk_size: int
+) -> Iterator[None]:
+    """Inside the block, ``model`` runs ``fused_sdpa`` and the attention module of each of ``layers`` carries a
+    ``ColumnSumRequest``. Only a model running sdpa is switched: eager attention already hands out its weights,
+    and other kernels are left alone (the press then recomputes the sums)."""
+    if model.config._attn_implementation != "sdpa":
+        yield
+        return
+    attentions = [layer.self_attn for layer in layers]
+    for attention in attentions:
+        setattr(attention, REQUEST, ColumnSumRequest(weights, lag, chunk_size))
+    try:
+        with attention_implementation(model, FUSED_SDPA):
+            yield
+    finally:
+        for attention in attentions:
+            delattr(attention, REQUEST)
+
+
+def take_fused_sums(module: nn.Module, k_len: int) -> torch.Tensor | None:
+    """The sums ``fused_sdpa`` recorded in ``module``'s latest forward over ``k_len`` keys, removed from its
+    request; None if there are none."""
+    request: ColumnSumRequest | None = getattr(module, REQUEST, None)
+    if request is None or request.sums is None or request.sums.shape[-1] != k_len:
+        return None
+    sums, request.sums = request.sums, None
+    return sums
