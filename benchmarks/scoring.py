@@ -1,12 +1,14 @@
 """Attention-reading scores without eager attention: peak memory and time of an H2O-scored prefill.
 
-Three ways to prefill SmolLM2 at each length, side by side in one run, each in a fresh process (peak RSS is a
+Four ways to prefill SmolLM2 at each length, side by side in one run, each in a fresh process (peak RSS is a
 per-process figure), interleaved repeat by repeat:
 
 - ``sdpa``: no press, sdpa attention (the floor);
 - ``eager-h2o``: KVPress's ``ObservedAttentionPress``, which needs eager attention weights;
 - ``chunked-h2o``: ``RMMPress(correctness="uniform")``, which keeps exactly the same positions (a test
-  asserts it) from column sums recomputed chunk by chunk under sdpa.
+  asserts it) from column sums recomputed chunk by chunk under sdpa;
+- ``fused-h2o``: the same press with ``fused_attention=True``: the sums come from the chunked pass that
+  computes the layer's attention output, in place of sdpa.
 
 Prints and writes medians and their ratios to the sdpa floor. ``--long`` adds one chunked run at a length
 where eager is not attempted, to show it completes.

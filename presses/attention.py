@@ -4,7 +4,8 @@ The presses here score cached positions by column sums of attention over a set o
 the newest row, RMM over every row with a per-row weight. With eager attention the layer's weights are
 read directly; otherwise the rows' queries are recomputed from the layer's input hidden states and the
 rotary embeddings, and the sums are accumulated ``chunk_size`` rows at a time, so memory stays
-O(heads x chunk_size x length) and no (length x length) matrix is ever held.
+O(heads x chunk_size x length) and no (length x length) matrix is ever held. ``presses.fused_attention``
+sums the same chunks (``probability_chunks``) while it computes the layer's attention output.
 
 The rows are always the last ``n_rows`` positions of the cache: during prefill, every prompt token;
 during decoding (inside ``DecodingPress``), the buffered recent tokens.

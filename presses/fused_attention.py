@@ -86,8 +86,8 @@ def fused_sdpa(
     sums = zero_sums(key, query.shape[1], 1)
     output = torch.empty_like(query)
     for rows, probs in probability_chunks(query * scale, key, request.chunk_size):
-        local = rows - (k_len - q_len)
-        output[:, :, local[0] : local[-1] + 1] = torch.matmul(probs, values[:, :, : probs.shape[-1]])
+        first = int(rows[0]) - (k_len - q_len)
+        output[:, :, first : first + len(rows)] = torch.matmul(probs, values[:, :, : probs.shape[-1]])
         add_column_sums(sums, weightings, rows, probs, q_len, request.lag)
     request.sums = sums[0].to(key.dtype)
     return output.transpose(1, 2).contiguous(), None

@@ -59,12 +59,15 @@ def test_tokenizer_fixes(smollm2):
 
 
 def test_rmm_uniform_keeps_exactly_what_observed_attention_keeps(smollm2, real_text_ids):
-    """The paper's control: every layer and KV head, eager (the weights read) and sdpa (recomputed in chunks)."""
+    """The paper's control: every layer and KV head, eager (the weights read), sdpa (recomputed in chunks) and
+    fused (summed while the chunked pass computes the attention; its keys then differ from sdpa's by rounding)."""
     eager, _ = smollm2("eager")
     sdpa, _ = smollm2("sdpa")
     h2o = kept_positions(eager, real_text_ids, ObservedAttentionPress(compression_ratio=0.75))
     assert same_sets(kept_positions(eager, real_text_ids, RMMPress(compression_ratio=0.75, correctness="uniform")), h2o)
     assert same_sets(kept_positions(sdpa, real_text_ids, RMMPress(compression_ratio=0.75, correctness="uniform")), h2o)
+    fused = RMMPress(compression_ratio=0.75, correctness="uniform", fused_attention=True)
+    assert same_sets(kept_positions(sdpa, real_text_ids, fused, atol=1e-3), h2o)
 
 
 def held_per_layer(positions: list[torch.Tensor], length: int) -> tuple[list[int], list[int]]:
