@@ -22,7 +22,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
-DEFAULT_CHUNK_SIZE = 64  # rows; small enough for a chunk's logits to stay in a CPU cache (README, Benchmarks)
+DEFAULT_CHUNK_SIZE = 64  # query rows per chunk: a chunk holds num_heads x 64 x length probabilities
 
 
 def row_rotary(module: nn.Module, hidden_rows: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
