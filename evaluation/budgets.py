@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evaluation.errors import EvaluationError
-from evaluation.press_registry import FULL_CACHE
+from evaluation.press_specs import FULL_CACHE
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from evaluation.errors import EvaluationError
 from evaluation.metrics.locomo import score as locomo_score
 from evaluation.metrics.longbench import sample_score, task_score
 from evaluation.models import SMOLLM2_ALIAS
-from evaluation.press_registry import PRESS_NAMES
+from evaluation.press_specs import DEFAULT_PRESSES, canonical
 from evaluation.statistics import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.store import read_rows
 from evaluation.traces.policies import DEFAULT_THRESHOLD, H2O_WINDOW
@@ -29,7 +29,14 @@ def add_run_options(parser: argparse.ArgumentParser, protocol: str) -> None:
     parser.add_argument(
         "--model", default=SMOLLM2_ALIAS, help=f"'{SMOLLM2_ALIAS}' (offline default), a hub id or a folder"
     )
-    parser.add_argument("--presses", nargs="+", default=list(PRESS_NAMES), help=f"any of {', '.join(PRESS_NAMES)}")
+    parser.add_argument(
+        "--presses",
+        nargs="+",
+        type=canonical,
+        default=list(DEFAULT_PRESSES),
+        help=f"press specs (default {' '.join(DEFAULT_PRESSES)}): a name, name(param=value, ...), a wrapper such as "
+        "adakv(snapkv), or package.module:Class(...); see evaluation/press_specs.py",
+    )
     add_output_and_backend_options(parser, protocol)
 
 
@@ -102,6 +109,13 @@ def add_locomo(subparsers: argparse._SubParsersAction) -> None:
         "(default: the model's context less room for the questions and answers)",
     )
     parser.add_argument("--history", choices=["gold", "model"], default="gold", help="answer appended after each turn")
+    parser.add_argument(
+        "--placement",
+        choices=["file", "evidence"],
+        default="file",
+        help="file (default, the paper's): the conversation, then the questions in file order; evidence: sessions "
+        "streamed one by one, each question right after the session of its last evidence",
+    )
     parser.add_argument(
         "--rmm-weights",
         choices=["answers", "all"],
@@ -261,6 +275,7 @@ def run_locomo(args: argparse.Namespace) -> Path:
             conversations=args.conversations,
             max_turns=args.max_turns,
             max_history_tokens=args.max_history_tokens,
+            placement=args.placement,
             history=args.history,
             rmm_weights=args.rmm_weights,
             data=args.data,
@@ -272,6 +287,18 @@ def run_locomo(args: argparse.Namespace) -> Path:
     )
 
 
+def quiet_libraries() -> None:
+    """Without a terminal, no weight-loading or download bars (a log would hold thousands of redraws)."""
+    from evaluation.backends import interactive
+
+    if not interactive():
+        import huggingface_hub.utils
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        huggingface_hub.utils.disable_progress_bars()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -281,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_scorecard(subparsers)
     add_score(subparsers)
     args = parser.parse_args(argv)
+    quiet_libraries()
     try:
         if args.command == "longbench":
             print(f"scorecard: {run_longbench(args) / 'scorecard.md'}")

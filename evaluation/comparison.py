@@ -16,7 +16,7 @@ from evaluation.errors import EvaluationError
 from evaluation.locomo.runner import CONDITION_ORDER
 from evaluation.locomo.runner import conditions as locomo_conditions
 from evaluation.longbench.runner import conditions as longbench_conditions
-from evaluation.press_registry import FULL_CACHE
+from evaluation.press_specs import FULL_CACHE
 from evaluation.statistics import MIN_EXAMPLES_FOR_INTERVAL, Interval, bootstrap, paired
 from evaluation.store import read_rows
 from evaluation.traces.runner import METRICS as TRACE_METRICS

@@ -23,7 +23,7 @@ from torch import nn
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from presses.attention import band_mask
+from presses.attention import causal_mask
 
 RAGGED_SDPA = "kvet_ragged_sdpa"
 
@@ -161,7 +161,7 @@ def ragged_sdpa(
     output = torch.empty_like(query)
     for rows, keys, values in zip(key.rows, key.tensors, value.tensors, strict=True):
         k_len = keys.shape[2]
-        mask = None if q_len == 1 else band_mask(torch.arange(k_len - q_len, k_len, device=query.device), k_len, None)
+        mask = None if q_len == 1 else causal_mask(torch.arange(k_len - q_len, k_len, device=query.device), k_len)
         output[rows] = nn.functional.scaled_dot_product_attention(
             query[rows], keys, values, attn_mask=mask, scale=scaling, enable_gqa=True
         )

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from evaluation.press_registry import FULL_CACHE
+from evaluation.press_specs import FULL_CACHE
 from evaluation.statistics import DEFAULT_RESAMPLES, DEFAULT_SEED, MIN_EXAMPLES_FOR_INTERVAL, bootstrap
 
 AVERAGE = "average"

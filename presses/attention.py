@@ -1,23 +1,23 @@
-"""Attention statistics computed from queries and keys, chunk by chunk.
+"""A layer's attention rows over its cache, chunk by chunk: read from eager weights or recomputed.
 
-The presses here score cached positions by column sums of attention over a set of query rows: TOVA over
-the newest row, RMM over every row with a per-row weight. With eager attention the layer's weights are
-read directly; otherwise the rows' queries are recomputed from the layer's input hidden states and the
-rotary embeddings, and the sums are accumulated ``chunk_size`` rows at a time, so memory stays
-O(heads x chunk_size x length) and no (length x length) matrix is ever held. ``presses.fused_attention``
-sums the same chunks (``probability_chunks``) while it computes the layer's attention output.
-
-The rows are always the last ``n_rows`` positions of the cache: during prefill, every prompt token;
-during decoding (inside ``DecodingPress``), the buffered recent tokens.
+The presses here score cached positions from rows of attention: TOVA from the newest row, RMM from every row
+with a per-row weight. With eager attention the layer's weights are read; otherwise the rows' queries are
+recomputed from the layer's input hidden states and the rotary embeddings, ``chunk_size`` rows at a time, so
+memory stays O(heads x chunk_size x length) and no (length x length) matrix is ever held. Either way the rows
+are the newest ``n_rows`` positions of the cache (during prefill every prompt token, inside ``DecodingPress``
+the buffered recent tokens), the probabilities are float32 whatever the model's dtype, and the model's own
+attention mask is honoured: padding keys get no attention, padding rows are marked invalid, and a
+sliding-window layer's mask is applied as the model applied it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
-from kvpress.utils import get_prerope_query_states
+from kvpress.utils import get_prerope_key_states, get_prerope_query_states
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
@@ -46,154 +46,141 @@ def row_queries(module: nn.Module, hidden_rows: torch.Tensor, kwargs: dict) -> t
     return queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)
 
 
-def band_mask(rows: torch.Tensor, k_len: int, lag: int | None) -> torch.Tensor:
-    """(n_rows, k_len) boolean: row t sees key k when k <= t, and t - k <= lag if a lag is given."""
-    keys = torch.arange(k_len, device=rows.device)
-    distance = rows[:, None] - keys[None, :]
-    visible = distance >= 0
-    if lag is not None:
-        visible &= distance <= lag
-    return visible
+def recomputed_keys(module: nn.Module, hidden_states: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """Post-rotary keys of every row of ``hidden_states``, computed as the layer computed them in this forward:
+    (batch, num_kv_heads, rows, head_dim)."""
+    keys = get_prerope_key_states(module, hidden_states)
+    cos, sin = row_rotary(module, hidden_states, kwargs)
+    return keys * cos.unsqueeze(1) + rotate_half(keys) * sin.unsqueeze(1)
 
 
-def rows_per_key(k_len: int, n_rows: int, lag: int | None, device: torch.device) -> torch.Tensor:
-    """How many of the last ``n_rows`` rows count towards each key (its causal, lag-limited rows)."""
-    first_row = k_len - n_rows
-    keys = torch.arange(k_len, device=device)
-    last = torch.full_like(keys, k_len - 1) if lag is None else (keys + lag).clamp(max=k_len - 1)
-    return (last - keys.clamp(min=first_row) + 1).clamp(min=1)
+def surviving_slots(full_keys: torch.Tensor, kept_keys: torch.Tensor) -> torch.Tensor:
+    """Which of ``full_keys`` (batch, num_kv_heads, length, head_dim) each of ``kept_keys`` is, for a selection made
+    by a prefill press, which never changes the keys it keeps: (batch, num_kv_heads, n_kept) indices."""
+    return torch.cdist(kept_keys.float(), full_keys.float(), p=float("inf")).argmin(-1)
 
 
-def attention_column_sums(
-    module: nn.Module,
-    hidden_states: torch.Tensor,
-    keys: torch.Tensor,
-    attentions: torch.Tensor | None,
-    kwargs: dict,
-    n_rows: int | None = None,
-    row_weights: torch.Tensor | None = None,
-    lag: int | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> torch.Tensor:
-    """Sum over the last ``n_rows`` query rows t of ``w(t) * a(t -> k)``, per query head.
+def row_positions(kwargs: dict, n_rows: int) -> torch.Tensor:
+    """Absolute positions (batch, n_rows) of the newest ``n_rows`` rows: consecutive, ending at the current
+    forward's last position (its ``position_ids``, else its ``cache_position``)."""
+    newest = kwargs.get("position_ids")
+    newest = kwargs["cache_position"][None] if newest is None else newest
+    return newest[:, -1:] - n_rows + 1 + torch.arange(n_rows, device=newest.device)
 
-    Parameters
-    ----------
-    module : nn.Module
-        The attention layer (its projections, head counts and scaling are used).
-    hidden_states : torch.Tensor
-        The layer's input, shape (batch, q_len, hidden); used only when ``attentions`` is None.
-    keys : torch.Tensor
-        Post-rotary cached keys, shape (batch, num_kv_heads, k_len, head_dim).
-    attentions : torch.Tensor or None
-        Eager attention weights, shape (batch, num_heads, q_len, k_len), or None to recompute.
-    n_rows : int, optional
-        How many of the newest rows to sum over; all available rows by default.
-    row_weights : torch.Tensor, optional
-        Shape (batch, n_rows); None means every row weighs 1 (and no multiplication happens).
-    lag : int, optional
-        Only rows t with t - k <= lag count towards key k.
 
-    Returns
-    -------
-    torch.Tensor
-        Shape (batch, num_heads, k_len).
+def causal_mask(rows: torch.Tensor, k_len: int) -> torch.Tensor:
+    """(n_rows, k_len) boolean: the row at cache index t sees the key at index k when k <= t."""
+    return torch.arange(k_len, device=rows.device)[None, :] <= rows[:, None]
+
+
+def sliding_window(module: nn.Module) -> int | None:
+    """The layer's sliding attention window, if it has one (Qwen2 sets it per layer, Mistral in its config)."""
+    if hasattr(module, "sliding_window"):
+        return module.sliding_window
+    return getattr(module.config, "sliding_window", None)
+
+
+@dataclass(frozen=True)
+class RowMask:
+    """What the model's attention mask allows the newest ``n_rows`` rows: ``allowed`` (batch, 1, n_rows, k_len),
+    or None for plain causal attention; ``valid`` (batch, n_rows): False for padding rows, None when none are."""
+
+    allowed: torch.Tensor | None
+    valid: torch.Tensor | None
+
+
+def row_mask(module: nn.Module, kwargs: dict, n_rows: int, k_len: int) -> RowMask:
+    """The model's attention mask for the newest ``n_rows`` rows over ``k_len`` keys.
+
+    Rows of the current forward read the mask the model used (padding, causality and any sliding window).
+    Rows buffered from earlier forwards (inside ``DecodingPress``) keep the current row's padding keys (left
+    padding is the same for every row); their sliding window is not known, so such a layer is refused.
     """
-    k_len = keys.shape[2]
-    if attentions is not None:
-        n_rows = n_rows or attentions.shape[2]
-        probs = attentions[..., -n_rows:, :]
-        if lag is not None:
-            rows = torch.arange(k_len - n_rows, k_len, device=keys.device)
-            probs = probs * band_mask(rows, k_len, lag).to(probs.dtype)
-        if row_weights is not None:
-            probs = probs * row_weights[:, None, :, None].to(probs.dtype)
-        return probs.sum(2)
-
-    return recomputed_column_sums(module, hidden_states, keys, kwargs, [row_weights], n_rows, lag, chunk_size)[0]
-
-
-def recomputed_column_sums(
-    module: nn.Module,
-    hidden_states: torch.Tensor,
-    keys: torch.Tensor,
-    kwargs: dict,
-    weightings: list[torch.Tensor | None],
-    n_rows: int | None = None,
-    lag: int | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> list[torch.Tensor]:
-    """``attention_column_sums`` without eager weights, for several row weightings from one pass over the rows:
-    each chunk's attention is computed once and summed once per weighting (None: every row weighs 1)."""
-    n_rows = n_rows or hidden_states.shape[1]
-    sums = zero_sums(keys, module.config.num_attention_heads, len(weightings))
-    for rows, chunk in attention_row_chunks(module, hidden_states[:, -n_rows:], keys, kwargs, chunk_size):
-        add_column_sums(sums, weightings, rows, chunk, n_rows, lag)
-    return [total.to(keys.dtype) for total in sums]
-
-
-def zero_sums(keys: torch.Tensor, num_heads: int, count: int) -> list[torch.Tensor]:
-    """``count`` float32 accumulators of shape (batch, num_heads, k_len) for the column sums over ``keys``."""
-    shape = (keys.shape[0], num_heads, keys.shape[2])
-    return [torch.zeros(shape, dtype=torch.float32, device=keys.device) for _ in range(count)]
-
-
-def add_column_sums(
-    sums: list[torch.Tensor],
-    weightings: list[torch.Tensor | None],
-    rows: torch.Tensor,
-    probs: torch.Tensor,
-    n_rows: int,
-    lag: int | None,
-) -> None:
-    """Add one chunk of ``probability_chunks`` to each weighting's sums (batch, num_heads, k_len).
-
-    ``weightings``: per sum, the (batch, n_rows) weights of the last ``n_rows`` rows, or None for all ones.
-    """
-    if lag is not None:
-        probs = probs * band_mask(rows, probs.shape[-1], lag).to(probs.dtype)
-    first = rows[0] - (sums[0].shape[-1] - n_rows)
-    for total, row_weights in zip(sums, weightings, strict=True):
-        weighted = probs
-        if row_weights is not None:
-            weighted = probs * row_weights[:, None, first : first + len(rows), None].to(probs.dtype)
-        total[..., : probs.shape[-1]] += weighted.sum(2)
-
-
-def attention_row_chunks(
-    module: nn.Module,
-    hidden_rows: torch.Tensor,
-    keys: torch.Tensor,
-    kwargs: dict,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``probability_chunks`` for the rows of ``hidden_rows`` (the newest rows of the cache), whose queries are
-    recomputed from the layer's input."""
-    queries = row_queries(module, hidden_rows, kwargs) * module.scaling
-    return probability_chunks(queries, keys, chunk_size)
+    mask = kwargs.get("attention_mask")
+    if mask is None or mask.ndim != 4:
+        return RowMask(None, None)
+    allowed = (mask if mask.dtype == torch.bool else mask == 0)[..., :k_len]
+    q_len = allowed.shape[2]
+    if n_rows > q_len:
+        if sliding_window(module) is not None:
+            raise ValueError(
+                f"layer {module.layer_idx} uses sliding-window attention: scoring rows buffered over several decoding "
+                "steps would need each row's window, which the model does not pass; use a model without sliding "
+                "windows inside DecodingPress"
+            )
+        keys_valid = allowed[:, :, -1:, :]
+        allowed = keys_valid & causal_mask(torch.arange(k_len - n_rows, k_len, device=mask.device), k_len)
+    else:
+        allowed = allowed[:, :, -n_rows:]
+    own = torch.arange(k_len - n_rows, k_len, device=mask.device)
+    valid = allowed[:, 0, torch.arange(n_rows, device=mask.device), own]
+    return RowMask(allowed, None if valid.all() else valid)
 
 
 def probability_chunks(
-    queries: torch.Tensor, keys: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The causal attention of the newest rows of the cache, ``chunk_size`` rows at a time.
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    allowed: torch.Tensor | None = None,
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """The attention of the newest rows of the cache, ``chunk_size`` rows at a time, in float32.
 
     ``queries``: post-rotary and already scaled, (batch, num_heads, n_rows, head_dim), for the last n_rows
-    positions of ``keys`` (batch, num_kv_heads, k_len, head_dim). Yields ``(rows, probs)``: the chunk's row
-    positions in the cache, shape (chunk,), and its attention probabilities, shape
-    (batch, num_heads, chunk, visible), over the keys up to the chunk's last row (later keys are masked for
-    every row of the chunk, so they are skipped).
+    positions of ``keys`` (batch, num_kv_heads, k_len, head_dim); ``allowed``: the model's mask (``RowMask``),
+    or None for causal attention. Yields ``(first, probs)``: the chunk's first row (0 is the oldest of the
+    n_rows) and its probabilities, (batch, num_heads, chunk, visible), over the keys up to the chunk's last row
+    (later keys are masked for every row of the chunk, so they are skipped). A row that may see nothing (a
+    padding row) gets all zeros.
     """
     k_len, n_rows = keys.shape[2], queries.shape[2]
     keys = repeat_kv(keys, queries.shape[1] // keys.shape[1]).transpose(2, 3)
     for start in range(0, n_rows, chunk_size):
         stop = min(start + chunk_size, n_rows)
         visible = k_len - n_rows + stop
-        rows = torch.arange(visible - (stop - start), visible, device=keys.device)
-        logits = torch.matmul(queries[:, :, start:stop], keys[..., :visible])
-        block = visible - (stop - start)  # only the chunk's own square block holds keys later than some row
-        logits[..., block:].masked_fill_(~band_mask(rows - block, stop - start, None), float("-inf"))
-        yield rows, nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(queries.dtype)
+        logits = torch.matmul(queries[:, :, start:stop], keys[..., :visible]).float()
+        if allowed is None:
+            block = visible - (stop - start)  # only the chunk's own square block holds keys later than some row
+            rows = torch.arange(stop - start, device=keys.device)
+            logits[..., block:].masked_fill_(~causal_mask(rows, stop - start), float("-inf"))
+        else:
+            logits.masked_fill_(~allowed[:, :, start:stop, :visible], float("-inf"))
+        yield start, nn.functional.softmax(logits, dim=-1).nan_to_num_(0.0)
+
+
+@dataclass(frozen=True)
+class AttentionRows:
+    """The newest ``n_rows`` rows of a layer's attention over its ``k_len`` cached keys, in chunks."""
+
+    chunks: Iterator[tuple[int, torch.Tensor]]  # (first row, float32 probs (batch, num_heads, chunk, visible))
+    valid: torch.Tensor | None  # (batch, n_rows): False for padding rows; None when every row is a token
+
+
+def attention_rows(
+    module: nn.Module,
+    hidden_states: torch.Tensor,
+    keys: torch.Tensor,
+    attentions: torch.Tensor | None,
+    kwargs: dict,
+    n_rows: int | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> AttentionRows:
+    """The newest ``n_rows`` rows (default: every row of ``hidden_states``) of the layer's attention.
+
+    ``hidden_states`` (batch, rows, hidden) is the layer's input for at least those rows; ``keys`` the
+    post-rotary cache (batch, num_kv_heads, k_len, head_dim); ``attentions`` the eager weights of the current
+    forward, read when they cover the rows and the keys, else the rows are recomputed.
+    """
+    n_rows = n_rows or hidden_states.shape[1]
+    k_len = keys.shape[2]
+    mask = row_mask(module, kwargs, n_rows, k_len)
+    if attentions is not None and attentions.shape[2] >= n_rows and attentions.shape[-1] == k_len:
+        rows = attentions[:, :, -n_rows:].float()
+        if mask.valid is not None:
+            rows = rows * mask.valid[:, None, :, None]  # an eager padding row attends uniformly: it is no token
+        chunks = ((start, rows[:, :, start : start + chunk_size]) for start in range(0, n_rows, chunk_size))
+        return AttentionRows(chunks, mask.valid)
+    queries = row_queries(module, hidden_states[:, -n_rows:], kwargs) * module.scaling
+    return AttentionRows(probability_chunks(queries, keys, chunk_size, mask.allowed), mask.valid)
 
 
 def group_mean(scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """A prefill's attention output and its column sums in one chunked pass.
 
 A press that scores by column sums of attention while the model runs sdpa computes every query-key product
-twice: once inside sdpa, once for the sums (``presses.attention.recomputed_column_sums``). On a CPU that
+twice: once inside sdpa, once for the sums (``presses.attention.attention_rows``). On a CPU that
 second pass costs about as much as the attention itself (README, Benchmarks). ``fused_sdpa``, registered in
 transformers' ``AttentionInterface``, computes the layer's output from the very probabilities it sums, so
 scoring adds only the sums. Its output equals sdpa's within float rounding, not bit for bit, which is why a
@@ -26,7 +26,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from presses.attention import add_column_sums, attention_implementation, probability_chunks, zero_sums
+from presses.attention import attention_implementation, probability_chunks
+from presses.smoother import in_window
 
 FUSED_SDPA = "kvet_fused_sdpa"
 REQUEST = "kvet_column_sums"  # the attribute of an attention module that holds its ColumnSumRequest
@@ -37,8 +38,8 @@ class ColumnSumRequest:
     """The column sums a press wants from a layer's prefill, and, once ``fused_sdpa`` has run, the sums.
 
     ``weights``: per cached position, the weight of the query row at that position, (batch, length), or None
-    for all ones; ``lag``: only rows t with t - k <= lag count towards key k (None: all later rows).
-    ``sums``: (batch, num_heads, k_len), from the layer's latest forward; None when it could not fuse.
+    for all ones; ``lag``: only the rows of Eq. 1's window (k, k + lag] count towards key k (None: every row t >= k).
+    ``sums``: (batch, num_heads, k_len) float32, from the layer's latest forward; None when it could not fuse.
     """
 
     weights: torch.Tensor | None
@@ -82,14 +83,19 @@ def fused_sdpa(
         )
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     values = repeat_kv(value, query.shape[1] // value.shape[1])
-    weightings = [None if request.weights is None else request.weights[:, k_len - q_len :].to(query.device)]
-    sums = zero_sums(key, query.shape[1], 1)
+    weights = None if request.weights is None else request.weights.to(query.device).float()
+    sums = torch.zeros(query.shape[0], query.shape[1], k_len, dtype=torch.float32, device=query.device)
     output = torch.empty_like(query)
-    for rows, probs in probability_chunks(query * scale, key, request.chunk_size):
-        first = int(rows[0]) - (k_len - q_len)
-        output[:, :, first : first + len(rows)] = torch.matmul(probs, values[:, :, : probs.shape[-1]])
-        add_column_sums(sums, weightings, rows, probs, q_len, request.lag)
-    request.sums = sums[0].to(key.dtype)
+    for first, probs in probability_chunks(query * scale, key, request.chunk_size):
+        stop, visible = first + probs.shape[2], probs.shape[-1]
+        output[:, :, first:stop] = torch.matmul(probs.to(query.dtype), values[:, :, :visible])
+        rows = torch.arange(k_len - q_len + first, k_len - q_len + stop, device=query.device)
+        if request.lag is not None:
+            probs = probs * in_window(rows, torch.arange(visible, device=query.device), request.lag)
+        if weights is not None:
+            probs = probs * weights[:, None, rows, None]
+        sums[..., :visible] += probs.sum(2)
+    request.sums = sums
     return output.transpose(1, 2).contiguous(), None
 
 

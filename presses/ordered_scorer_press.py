@@ -10,25 +10,23 @@ from kvpress.utils import compute_n_kept
 from torch import nn
 
 
-def kept_indices(scores: torch.Tensor, n_kept: int) -> torch.Tensor:
+def kept_indices(scores: torch.Tensor, n_kept: int, keep_older: bool = False) -> torch.Tensor:
     """Indices of the ``n_kept`` highest scores along the last axis, in ascending order.
 
-    Ties evict the lower position: a stable ascending sort puts the lower of two equal scores first, and the
-    first ``k_len - n_kept`` entries of that order are the evicted ones.
+    Ties evict the lower position (a stable ascending sort puts the lower of two equal scores first, and the
+    first ``k_len - n_kept`` entries of that order are the evicted ones), or with ``keep_older`` the higher one
+    (a stable descending sort keeps the lower first).
     """
+    if keep_older:
+        return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :n_kept].sort(dim=-1).values
     order = torch.sort(scores, dim=-1, stable=True).indices
     return order[..., scores.shape[-1] - n_kept :].sort(dim=-1).values
 
 
-def keep_highest(
-    scores: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_kept: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the ``n_kept`` highest-scoring entries of each (batch, KV head), in ascending position order.
-
-    Shapes: scores (batch, num_kv_heads, k_len); keys and values (batch, num_kv_heads, k_len, head_dim).
-    """
-    kept = kept_indices(scores, n_kept).unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
-    return keys.gather(2, kept).contiguous(), values.gather(2, kept).contiguous()
+def gather_kept(keys: torch.Tensor, values: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries ``kept`` (batch, num_kv_heads, n_kept) of keys and values (batch, num_kv_heads, k_len, head_dim)."""
+    index = kept.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+    return keys.gather(2, index).contiguous(), values.gather(2, index).contiguous()
 
 
 def check_compression_ratio(compression_ratio: float) -> None:
@@ -59,4 +57,9 @@ class OrderedScorerPress(ScorerPress):
         if self.compression_ratio == 0:
             return keys, values
         scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
-        return keep_highest(scores, keys, values, compute_n_kept(keys.shape[2], self.compression_ratio))
+        return gather_kept(keys, values, self.select(scores, compute_n_kept(keys.shape[2], self.compression_ratio)))
+
+    def select(self, scores: torch.Tensor, n_kept: int) -> torch.Tensor:
+        """The positions kept of ``scores`` (batch, num_kv_heads, k_len): the ``n_kept`` highest, ties evicting the
+        lower position, in ascending order."""
+        return kept_indices(scores, n_kept)

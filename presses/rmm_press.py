@@ -7,18 +7,32 @@ from functools import partial
 
 import torch
 from kvpress.presses.base_press import is_prefilling
+from kvpress.utils import compute_n_kept
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
-from presses.attention import DEFAULT_CHUNK_SIZE, attention_column_sums, group_mean, rows_per_key
+from presses.attention import (
+    DEFAULT_CHUNK_SIZE,
+    attention_rows,
+    group_mean,
+    recomputed_keys,
+    row_positions,
+    surviving_slots,
+)
 from presses.fused_attention import fused_column_sums, take_fused_sums
-from presses.ordered_scorer_press import OrderedScorerPress
-from presses.teacher_forcing import hooks_suspended, input_ids_of, language_model, teacher_forced_correctness
+from presses.ordered_scorer_press import OrderedScorerPress, check_compression_ratio, gather_kept, kept_indices
+from presses.smoother import Smoother
+from presses.teacher_forcing import (
+    Transcript,
+    hooks_suspended,
+    input_ids_of,
+    language_model,
+    top1_predictions,
+)
 
 CORRECTNESS_MODES = ("teacher_forced", "uniform")
 MISSING_IDS = (
-    "RMMPress(correctness='teacher_forced') could not see the context's token ids: the model was called with "
+    "RMMPress(correctness='teacher_forced') could not see the token ids: the model was called with "
     "inputs_embeds, or RMMPress runs inside a press that never calls post_init_from_model (such as "
     "PerLayerCompressionPress). Use correctness='uniform' or supply per-position weights."
 )
@@ -28,48 +42,67 @@ MISSING_IDS = (
 class RMMPress(OrderedScorerPress):
     """RMM: fixed-lag smoothing with demonstrated utility.
 
-    "Eviction as Estimation: A Fixed-Lag Smoothing View of Test-Time Memory" (sections 4, 5 and 8).
+    "Eviction as Estimation: A Fixed-Lag Smoothing View of Test-Time Memory", sections 4, 5 and 8.
 
-    The rule: a cached position k scores its demonstrated utility
+    The rule (``presses.smoother``, one definition for this press, the evaluation engine and the eviction lab):
 
-        score(k) = sum_{t >= k, t - k <= H} w(t) * a(t -> k)  /  #{t >= k, t - k <= H},
+    - ``lag=H`` (finite) is the paper's smoother. A cached position k has demonstrated utility (Eq. 1)
 
-    averaged over the query heads of each KV group, where a(t -> k) is the attention from query row t to
-    position k and w(t) is the teacher-forced correctness of row t: 1 if the model's top-1 prediction at t is
-    the actual token t + 1, else 0 (the last row, whose next token is unknown, weighs 1). The last H positions
-    are provisional: never evicted. This is ``ObservedAttentionPress``'s score except for w(t); with uniform
-    weights and no lag it keeps exactly what ``ObservedAttentionPress`` keeps.
+          DU_H(k) = sum over rows t in (t_k, t_k + H] of w(t) * a(t -> k),
 
-    The weights come from the same prefill: used as a press on its own, RMMPress defers every layer's
-    compression to the end of the model's forward, where the final hidden states (hence the logits) are
-    known; a prefill press only prunes the cache after each layer's attention, so deferring changes no hidden
-    state. Inside another press's hooks (``AdaKVPress``, ``KeyRerotationPress``, ``ComposedPress``), where
-    that deferral cannot apply, the weights come from one extra forward pass over the context. During
-    decoding compression (``DecodingPress``) the scored rows were produced by greedy decoding, so they are
-    correct by construction and weigh 1.
+      averaged over the query heads of its KV group, where a(t -> k) is the attention of row t to k and w(t)
+      the row's teacher-forced correctness (1 if the model's top-1 prediction at t is the token t + 1, else 0).
+      The window opens after t_k: a position's attention to itself never counts. At a budget of n_kept the
+      press keeps the H newest positions as the provisional buffer (never evicted; a lag that does not fit
+      the budget is an error) and the best n_kept - H older ones by utility as committed, so its total is the
+      same n_kept as any other press at that budget, of which H are the buffer. A newcomer must outrank an
+      incumbent: on equal utility the older position stays. ``lag=0`` commits at arrival: the window is empty,
+      every utility is 0, so the first positions stay.
+    - ``lag=None`` is the paper's benchmark scorer (section 8): KVPress's H2O score with a weight per row,
+      sum over every row t >= t_k (the diagonal included, as ``ObservedAttentionPress`` sums every row of
+      the attention matrix) of w(t) a(t -> k), divided by the number of rows counted. With uniform weights it
+      keeps exactly what ``ObservedAttentionPress`` keeps. Nothing is provisional.
 
-    Without eager attention weights, the weighted column sums are computed chunk by chunk from the layer's
-    queries and keys in O(chunk_size x length) memory per head.
+    The two differ at the diagonal because Eq. 1 measures use by *later* predictions, while the H2O sum is
+    over the whole attention matrix.
+
+    The smoother follows the cache: during decoding (as ``DecodingPress``'s base press; as both presses of
+    ``PrefillDecodingPress(prefilling_press=rmm, decoding_press=DecodingPress(rmm))`` it also carries the
+    prefill's utilities) each cached position keeps its utility across compression steps, gathered with the
+    same indices as the cache at every eviction, and a committed position keeps competing with it. Every
+    observed row carries its real correctness: teacher-forced for prompt and question rows, the emitted token
+    for generated ones. A row whose prediction or next token is not known yet counts as correct until it is
+    (the newest generated row: by construction under greedy decoding); a forward of several such rows (a
+    question inside ``DecodingPress``) is observed but evicts nothing until their predictions exist. Inside
+    ``DecodingPress`` the prefill is never shown to the press, so its positions enter with no utility; the
+    buffer must hold every step between compressions (``hidden_states_buffer_size >= compression_interval``).
+
+    Where the weights come from: used as a press on its own, RMMPress defers each layer's prefill compression
+    to the end of the model's forward, where the logits are known (a prefill press prunes a layer's cache
+    only after that layer's attention, so deferring changes no hidden state). Inside another press's hooks a
+    ``Transcript`` records the token ids and predictions; the prefill rows' predictions then come from one
+    extra forward over the context.
+
+    Scores are accumulated and ranked in float32 whatever the model's dtype. Without eager attention weights
+    the rows are recomputed from the layer's queries and keys chunk by chunk; the model's attention mask
+    (padding, sliding window) is honoured.
 
     Parameters
     ----------
     compression_ratio : float, default=0.0
         Fraction of the cache to evict, in [0, 1).
     lag : int or None, default=None
-        The commit lag H. With H, only rows t in [k, k + H] count towards k and the last H positions are
-        provisional. None: every later row counts and nothing is provisional (H -> infinity).
+        The commit lag H >= 0, or None for the H2O-class scorer without a buffer.
     correctness : "teacher_forced", "uniform", or per-position weights, default="teacher_forced"
         The row weights w(t): the model's own teacher-forced correctness, all ones, or one non-negative weight
-        per cached position (shape (length,) or (batch, length)) supplied by the caller.
+        per absolute position (shape (length,) or (batch, length)) supplied by the caller.
     chunk_size : int, default=64
-        Query rows per chunk when the sums are recomputed without eager attention weights.
+        Query rows per chunk when attention rows are recomputed.
     fused_attention : bool, default=False
         Under sdpa, compute each layer's prefill attention output and the sums in one chunked pass
-        (``presses.fused_attention``) instead of sdpa followed by a second pass over every query-key product:
-        scoring then costs little more than the attention itself, but the layer's output comes from that
-        chunked pass, equal to sdpa's within float rounding rather than bit for bit. Needs the weights before
-        the forward, so only with uniform or per-position correctness; only when RMMPress is the press the
-        model runs under (inside a wrapper press the sums are recomputed).
+        (``presses.fused_attention``) instead of sdpa followed by a second pass; the output then equals sdpa's
+        within float rounding, not bit for bit. Needs the weights before the forward, so only with uniform or
+        per-position correctness, and only when RMMPress is the press the model runs under.
     """
 
     compression_ratio: float = 0.0
@@ -78,12 +111,11 @@ class RMMPress(OrderedScorerPress):
     chunk_size: int = DEFAULT_CHUNK_SIZE
     fused_attention: bool = False
 
-    _weights: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    _smoothers: dict[int, Smoother] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _transcript: Transcript = field(default_factory=Transcript, init=False, repr=False, compare=False)
+    _model: PreTrainedModel | None = field(default=None, init=False, repr=False, compare=False)
     _deferring: bool = field(default=False, init=False, repr=False, compare=False)
     _deferred: list = field(default_factory=list, init=False, repr=False, compare=False)
-    _model: PreTrainedModel | None = field(default=None, init=False, repr=False, compare=False)
-    _context_ids: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
-    _capture: list[RemovableHandle] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -126,88 +158,164 @@ class RMMPress(OrderedScorerPress):
         attentions: torch.Tensor | None,
         kwargs: dict,
     ) -> torch.Tensor:
-        k_len = keys.shape[2]
-        n_rows = attentions.shape[2] if attentions is not None else hidden_states.shape[1]
-        weights = self.row_weights(n_rows, k_len, kwargs, keys.device)
-        sums = take_fused_sums(module, k_len) if attentions is None else None
-        if sums is None:
-            sums = attention_column_sums(
-                module, hidden_states, keys, attentions, kwargs, n_rows, weights, self.lag, self.chunk_size
+        """The commit rule over the cache, (batch, num_kv_heads, k_len): +inf for the provisional buffer, the
+        demonstrated utility (``lag=None``: its mean over the rows counted) for the rest. Observes the rows of
+        ``hidden_states`` first, so the layer's smoother then describes ``keys``."""
+        return self.observe(module, hidden_states, keys, attentions, kwargs).scores()
+
+    def compress(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor | None,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep what ``score`` ranks highest and gather the smoother with the cache. Rows are observed even when
+        nothing is evicted (``DecodingPress`` drops its buffer after every call)."""
+        check_compression_ratio(self.compression_ratio)
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        smoother = self._smoothers[module.layer_idx]
+        if self.compression_ratio == 0 or smoother.unsettled > 1:
+            # several rows whose predictions come only at the end of this forward (a question inside
+            # DecodingPress): observed now, nothing evicted until their weights are known
+            return keys, values
+        n_kept = compute_n_kept(keys.shape[2], self.compression_ratio)
+        smoother.check_budget(n_kept)
+        kept = self.select(scores, n_kept)
+        smoother.keep(kept)
+        return gather_kept(keys, values, kept)
+
+    def select(self, scores: torch.Tensor, n_kept: int) -> torch.Tensor:
+        """The ``n_kept`` highest scores; a newcomer must outrank an incumbent, so ties keep the older position."""
+        return kept_indices(scores, n_kept, keep_older=True)
+
+    def observe(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        attentions: torch.Tensor | None,
+        kwargs: dict,
+    ) -> Smoother:
+        """Bring the layer's smoother up to date with the rows of ``hidden_states`` (the newest positions)."""
+        batch, num_kv_heads, k_len = keys.shape[:3]
+        n_rows = hidden_states.shape[1]
+        positions = row_positions(kwargs, n_rows).expand(batch, -1)
+        prefilling = is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1])
+        smoother = self._smoother(module.layer_idx, positions, num_kv_heads, k_len, n_rows, prefilling)
+        self._smoothers[module.layer_idx] = smoother
+        fused = take_fused_sums(module, k_len) if prefilling and attentions is None else None
+        if fused is not None:
+            smoother.set_sums(group_mean(fused.float(), num_kv_heads))
+            return smoother
+        smoother.revise(self._transcript.confirm)
+        weights, unconfirmed = self.row_weights(positions, prefilling)
+        full_keys = keys if k_len >= n_rows else recomputed_keys(module, hidden_states, kwargs)
+        rows = attention_rows(module, hidden_states, full_keys, attentions, kwargs, n_rows, self.chunk_size)
+        for first, probs in rows.chunks:
+            span = slice(first, first + probs.shape[2])
+            smoother.observe(
+                positions[:, span],
+                weights[:, span],
+                group_mean(probs, num_kv_heads),
+                None if rows.valid is None else rows.valid[:, span],
+                None if unconfirmed is None else unconfirmed[span],
             )
-        return self.demonstrated_utility(sums, n_rows, keys.shape[1])
+        if k_len < n_rows:  # an earlier press of a ComposedPress evicted: keep the smoother of its survivors
+            smoother.keep(surviving_slots(full_keys, keys))
+        return smoother
 
-    def demonstrated_utility(self, sums: torch.Tensor, n_rows: int, num_kv_heads: int) -> torch.Tensor:
-        """The rule, from weighted column sums (batch, num_heads, k_len) over the last ``n_rows`` rows.
+    def _smoother(
+        self, layer: int, positions: torch.Tensor, num_kv_heads: int, k_len: int, n_rows: int, prefilling: bool
+    ) -> Smoother:
+        """The layer's smoother, with a slot for every position appended since it last observed; a fresh one for a
+        new sequence (a prefill: every row, before any eviction of an earlier press; or the first decoding step
+        that meets an uncompressed cache)."""
+        smoother = None if prefilling else self._smoothers.get(layer)
+        if smoother is not None and smoother.positions.shape[0] == positions.shape[0]:
+            appended = int(positions[0, -1] - smoother.newest[0])
+            if smoother.size + appended == k_len:
+                if appended > n_rows:
+                    raise ValueError(
+                        f"RMMPress was handed {n_rows} rows for {appended} new positions: DecodingPress keeps fewer "
+                        "buffered rows than steps between compressions; set hidden_states_buffer_size >= "
+                        "compression_interval so every row is observed"
+                    )
+                new = positions[:, -1:] - appended + 1 + torch.arange(appended, device=positions.device)
+                smoother.append(new[:, None].expand(-1, smoother.positions.shape[1], -1))
+                return smoother
+        length = max(k_len, n_rows)
+        if not prefilling and int(positions[0, -1]) + 1 != k_len:
+            raise ValueError(
+                f"RMMPress first meets this sequence while decoding, in a cache of {k_len} positions that reaches "
+                f"position {int(positions[0, -1])}: another press compressed it, so the positions it holds are "
+                "unknown. Let the same RMMPress compress the prefill, e.g. PrefillDecodingPress(prefilling_press=rmm, "
+                "decoding_press=DecodingPress(rmm))"
+            )
+        slots = positions[:, -1:] - length + 1 + torch.arange(length, device=positions.device)
+        return Smoother.start(self.lag, slots[:, None].expand(-1, num_kv_heads, -1).contiguous())
 
-        Each sum is divided by the number of rows that could attend its key, averaged over each KV group, and
-        the last ``lag`` positions (the provisional buffer) score +inf. Returns (batch, num_kv_heads, k_len).
-        """
-        counts = rows_per_key(sums.shape[-1], n_rows, self.lag, sums.device).to(sums.dtype)
-        scores = group_mean(sums / counts, num_kv_heads)
-        if self.lag:
-            scores[..., -self.lag :] = float("inf")
-        return scores
-
-    def row_weights(self, n_rows: int, k_len: int, kwargs: dict, device: torch.device) -> torch.Tensor | None:
-        """w(t) for the last ``n_rows`` rows, shape (batch, n_rows); None when every row weighs 1."""
+    def row_weights(self, positions: torch.Tensor, prefilling: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """w(t) at ``positions`` (batch, n_rows), and which rows' weights are still provisional (n_rows,): rows
+        whose prediction or next token is not known yet count as correct until ``Smoother.revise``."""
         if isinstance(self.correctness, torch.Tensor):
-            if self.correctness.shape[-1] != k_len:
+            if int(positions.max()) >= self.correctness.shape[-1]:
                 raise ValueError(
-                    f"RMMPress has {self.correctness.shape[-1]} per-position weights but the cache holds {k_len} "
-                    "positions: supply exactly one weight per position of the compressed sequence."
+                    f"RMMPress has {self.correctness.shape[-1]} per-position weights but the cache reaches position "
+                    f"{int(positions.max())}: supply one weight per position of the sequence."
                 )
-            return self.correctness[:, k_len - n_rows :].to(device)
-        if self.correctness == "uniform" or not is_prefilling(
-            kwargs["cache_position"], kwargs["hidden_states"].shape[1]
-        ):
-            return None
-        if self._weights is None:
-            self._weights = self._pre_pass_weights()
-        return self._weights[:, k_len - n_rows :].to(device)
-
-    def _pre_pass_weights(self) -> torch.Tensor:
-        if self._model is None or self._context_ids is None:
+            weights = self.correctness.to(positions.device).expand(positions.shape[0], -1)
+            return weights.gather(1, positions), None
+        if self.correctness == "uniform":
+            return torch.ones(positions.shape, device=positions.device), None
+        if prefilling and not self._deferring:
+            self._predict_context(positions)
+        if not self._transcript.knows_tokens(positions):
             raise RuntimeError(MISSING_IDS)
+        correct, known = self._transcript.confirm(positions)
+        return torch.where(known, correct, 1.0), ~known.all(0)
+
+    def _predict_context(self, positions: torch.Tensor) -> None:
+        """Inside another press's hooks: the prefill rows' predictions from one extra forward over the context."""
+        if self._model is None or not self._transcript.knows_tokens(positions):
+            raise RuntimeError(MISSING_IDS)
+        if bool(self._transcript.confirm(positions[:, :-1])[1].all()):
+            return
+        context = self._transcript.tokens.gather(1, positions)
         with torch.no_grad(), hooks_suspended(self._model):
-            hidden = language_model(self._model)(input_ids=self._context_ids, use_cache=False)[0]
-        return teacher_forced_correctness(self._model.get_output_embeddings(), hidden, self._context_ids)
+            hidden = language_model(self._model)(input_ids=context, use_cache=False)[0]
+        self._transcript.store(positions, context, top1_predictions(self._model.get_output_embeddings(), hidden))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Inside another press, watch the next forward of the decoder stack for its token ids."""
-        self._release_capture()
-        if not self.teacher_forced or self._deferring:
-            return
+        """Inside another press, record the token ids and predictions of what the model runs."""
+        self._smoothers = {}
+        self._transcript.detach()
+        self._transcript.clear()
         self._model = model
-        stack = language_model(model)
-        self._capture = [
-            stack.register_forward_pre_hook(self._capture_ids, with_kwargs=True),
-            stack.register_forward_hook(lambda *_: self._release_capture()),
-        ]
-
-    def _capture_ids(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self._context_ids, self._weights = input_ids_of(args, kwargs), None
-
-    def _release_capture(self) -> None:
-        for handle in self._capture:
-            handle.remove()
-        self._capture, self._model, self._context_ids, self._weights = [], None, None, None
+        if self.teacher_forced and not self._deferring:
+            self._transcript.attach(model, self)
 
     @contextmanager
     def __call__(self, model: PreTrainedModel) -> Iterator[None]:
-        if not self.teacher_forced:
-            with self._fused_sums(model), super().__call__(model):
-                yield
-            return
-        self._deferring = True
-        commit = language_model(model).register_forward_hook(
-            partial(self._commit_deferred, model.get_output_embeddings()), with_kwargs=True
-        )
         try:
-            with super().__call__(model):
-                yield
+            if not self.teacher_forced:
+                with self._fused_sums(model), super().__call__(model):
+                    yield
+                return
+            self._deferring = True
+            commit = language_model(model).register_forward_hook(
+                partial(self._commit_deferred, model.get_output_embeddings()), with_kwargs=True
+            )
+            try:
+                with super().__call__(model):
+                    yield
+            finally:
+                commit.remove()
         finally:
-            commit.remove()
-            self._deferring, self._deferred, self._weights = False, [], None
+            self._deferring, self._deferred, self._smoothers, self._model = False, [], {}, None
+            self._transcript.clear()
 
     def _fused_sums(self, model: PreTrainedModel) -> AbstractContextManager[None]:
         if not self.fused_attention:
@@ -217,7 +325,7 @@ class RMMPress(OrderedScorerPress):
 
     def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list) -> list:
         if self._deferring and is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1]):
-            # Held until the logits exist; eager weights are dropped (the sums are recomputed in chunks).
+            # Held until the logits exist; eager weights are dropped (the rows are recomputed in chunks).
             self._deferred.append((module, input, kwargs, (output[0], None)))
             return output
         return super().forward_hook(module, input, kwargs, output)
@@ -229,9 +337,7 @@ class RMMPress(OrderedScorerPress):
         input_ids = input_ids_of(args, kwargs)
         if input_ids is None:
             raise RuntimeError(MISSING_IDS)
-        self._weights = teacher_forced_correctness(lm_head, output[0], input_ids)
-        try:
-            for layer in layers:
-                super().forward_hook(*layer)
-        finally:
-            self._weights = None
+        positions = row_positions(layers[0][2], input_ids.shape[1]).expand(input_ids.shape[0], -1)
+        self._transcript.store(positions, input_ids, top1_predictions(lm_head, output[0]))
+        for layer in layers:
+            super().forward_hook(*layer)

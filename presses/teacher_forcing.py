@@ -1,13 +1,21 @@
-"""Teacher-forced correctness of a causal LM's predictions, and the hooks that let a press read it."""
+"""Teacher-forced correctness of a causal LM's predictions, and what a press needs to read it.
+
+Row t is correct when the model's top-1 prediction at t equals the token at t + 1. A press scoring inside
+another press's hooks (``DecodingPress``, ``ComposedPress``, ...) sees neither the token ids nor the logits, so
+``Transcript`` records them, per absolute position, from hooks on the decoder stack and its final norm.
+"""
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields, is_dataclass
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
 LOGIT_CHUNK_SIZE = 512
@@ -19,24 +27,33 @@ def language_model(model: PreTrainedModel) -> nn.Module:
 
 
 @torch.no_grad()
+def top1_predictions(
+    lm_head: nn.Module, hidden_states: torch.Tensor, chunk_size: int = LOGIT_CHUNK_SIZE
+) -> torch.Tensor:
+    """The argmax of the logits of every row of ``hidden_states`` (batch, length, hidden), computed
+    ``chunk_size`` rows at a time so that a (length x vocabulary) matrix is never held. Shape (batch, length)."""
+    return torch.cat(
+        [
+            lm_head(hidden_states[:, start : start + chunk_size]).argmax(-1)
+            for start in range(0, hidden_states.shape[1], chunk_size)
+        ],
+        dim=1,
+    )
+
+
+@torch.no_grad()
 def teacher_forced_correctness(
     lm_head: nn.Module,
     hidden_states: torch.Tensor,
     input_ids: torch.Tensor,
     chunk_size: int = LOGIT_CHUNK_SIZE,
 ) -> torch.Tensor:
-    """1.0 where the top-1 prediction at row t equals token t + 1, else 0.0; the last row weighs 1.0.
-
-    ``hidden_states`` (batch, length, hidden) are the decoder's final (normed) outputs; the logits are
-    computed ``chunk_size`` rows at a time, so a (length x vocabulary) matrix is never held.
-    Returns shape (batch, length).
-    """
-    batch, length = input_ids.shape
-    correct = torch.ones(batch, length, dtype=torch.float32, device=input_ids.device)
-    for start in range(0, length - 1, chunk_size):
-        stop = min(start + chunk_size, length - 1)
-        predicted = lm_head(hidden_states[:, start:stop]).argmax(-1)
-        correct[:, start:stop] = (predicted == input_ids[:, start + 1 : stop + 1]).float()
+    """1.0 where the top-1 prediction at row t equals token t + 1, else 0.0; the last row, whose next token is
+    unknown, weighs 1.0. ``hidden_states`` (batch, length, hidden) are the decoder's final (normed) outputs.
+    Returns shape (batch, length)."""
+    predicted = top1_predictions(lm_head, hidden_states[:, :-1], chunk_size)
+    correct = torch.ones(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    correct[:, :-1] = (predicted == input_ids[:, 1:]).float()
     return correct
 
 
@@ -59,3 +76,135 @@ def hooks_suspended(model: nn.Module) -> Iterator[None]:
 def input_ids_of(args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The ``input_ids`` a decoder stack was called with (None when it was given ``inputs_embeds``)."""
     return kwargs.get("input_ids", args[0] if args else None)
+
+
+def forward_positions(kwargs: dict, length: int, device: torch.device) -> torch.Tensor:
+    """Absolute positions (batch or 1, length) of a decoder stack's input rows."""
+    positions = kwargs.get("position_ids")
+    if positions is not None:
+        return positions
+    cache_position = kwargs.get("cache_position")
+    if cache_position is not None:
+        return cache_position[None]
+    cache = kwargs.get("past_key_values")
+    start = cache.get_seq_length() if cache is not None else 0
+    return torch.arange(start, start + length, device=device)[None]
+
+
+def holds(press: object, inner: object) -> bool:
+    """Whether ``press`` is ``inner`` or wraps it, through any dataclass field (``press``, ``presses``, ...)."""
+    if press is inner:
+        return True
+    if not is_dataclass(press):
+        return False
+    values = [getattr(press, field.name, None) for field in fields(press)]
+    return any(holds(item, inner) for value in values for item in (value if isinstance(value, list) else [value]))
+
+
+class Transcript:
+    """Token ids and top-1 predictions by absolute position, for the sequence a wrapped press is compressing.
+
+    ``attach`` hooks the decoder stack (its input ids) and its final norm (the predictions of every row it
+    outputs). The hooks live as long as the wrapper press that runs ``owner``: once its attention hooks are
+    removed (the wrapper's context exits), the transcript's own hooks are removed with them. ``correct(p)``:
+    whether the prediction at position p matched the token at p + 1 (None while either is unknown).
+    """
+
+    def __init__(self) -> None:
+        self.tokens = torch.empty(0, 0, dtype=torch.long)  # (batch, positions); -1 unknown
+        self.predictions = torch.empty(0, 0, dtype=torch.long)
+        self.handles: list[RemovableHandle] = []
+        self._bound: list[weakref.finalize] = []
+
+    @property
+    def attached(self) -> bool:
+        return bool(self.handles)
+
+    def attach(self, model: PreTrainedModel, owner: object) -> None:
+        self.detach()
+        stack = language_model(model)
+        lm_head = model.get_output_embeddings()
+        self.handles = [
+            stack.register_forward_pre_hook(lambda m, a, k: self._record_ids(model, owner, a, k), with_kwargs=True),
+            stack.norm.register_forward_hook(lambda m, a, out: self._record_predictions(lm_head, out)),
+        ]
+
+    def detach(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        for bound in self._bound:
+            bound.detach()
+        self.handles, self._bound = [], []
+
+    def clear(self) -> None:
+        self.tokens = self.tokens[:, :0]
+        self.predictions = self.predictions[:, :0]
+
+    def _record_ids(self, model: PreTrainedModel, owner: object, args: tuple, kwargs: dict) -> None:
+        if not self._bind_to_wrapper(model, owner):
+            return
+        ids = input_ids_of(args, kwargs)
+        if ids is None:
+            return
+        positions = forward_positions(kwargs, ids.shape[1], ids.device).expand(ids.shape[0], -1)
+        if int(positions.min()) == 0:
+            self.clear()
+        self.tokens = _write(self.tokens, positions, ids)
+        self._last_positions = positions
+
+    def _record_predictions(self, lm_head: nn.Module, output: torch.Tensor) -> None:
+        positions = getattr(self, "_last_positions", None)
+        if positions is None or positions.shape[1] != output.shape[1]:
+            return
+        known = _read(self.predictions, positions)
+        if bool((known >= 0).all()):
+            return  # a pre-pass already predicted these rows
+        self.predictions = _write(self.predictions, positions, top1_predictions(lm_head, output))
+
+    def _bind_to_wrapper(self, model: PreTrainedModel, owner: object) -> bool:
+        """Tie the hooks' lifetime to the wrapper's attention hooks; False (and detach) when none is left."""
+        if self._bound:
+            return True
+        attention = language_model(model).layers[0].self_attn
+        hooks = [hook for hook in attention._forward_hooks.values() if holds(getattr(hook, "__self__", None), owner)]
+        if not hooks:
+            self.detach()
+            return False
+        self._bound = [weakref.finalize(hook, self.detach) for hook in hooks]
+        return True
+
+    def store(self, positions: torch.Tensor, ids: torch.Tensor, predictions: torch.Tensor) -> None:
+        """Record a pre-pass's ids and predictions at ``positions`` (batch, length)."""
+        self.tokens = _write(self.tokens, positions, ids)
+        self.predictions = _write(self.predictions, positions, predictions)
+
+    def confirm(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per (batch, position) at ``positions`` (batch, k): 1.0 where the prediction at p equals the token at
+        p + 1, else 0.0; and whether both are known yet."""
+        predicted, following = _read(self.predictions, positions), _read(self.tokens, positions + 1)
+        return (predicted == following).float(), (predicted >= 0) & (following >= 0)
+
+    def knows_tokens(self, positions: torch.Tensor) -> bool:
+        return bool((_read(self.tokens, positions) >= 0).all())
+
+
+def _write(table: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``table`` (batch, n) with ``values`` written at ``positions`` (batch, k), grown with -1 as needed; negative
+    positions (padding, under position ids counted from each sequence's first token) are skipped."""
+    batch, size = positions.shape[0], int(positions.max()) + 1
+    if table.shape[0] != batch or table.shape[1] < size:
+        grown = torch.full((batch, max(size, table.shape[1])), -1, dtype=torch.long, device=values.device)
+        if table.shape[0] == batch:
+            grown[:, : table.shape[1]] = table
+        table = grown
+    spill = torch.cat([table, table.new_full((batch, 1), -1)], dim=1)
+    spill.scatter_(1, torch.where(positions >= 0, positions, table.shape[1]), values.long())
+    return spill[:, :-1].contiguous()
+
+
+def _read(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``table`` at ``positions`` (batch, k); -1 beyond what was written."""
+    if table.shape[0] != positions.shape[0] or table.shape[1] == 0:
+        return torch.full_like(positions, -1)
+    inside = (positions >= 0) & (positions < table.shape[1])
+    return torch.where(inside, table.gather(1, positions.clamp(0, table.shape[1] - 1)), -1)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from presses.attention import attention_column_sums, group_mean
+from presses.attention import attention_rows, group_mean, recomputed_keys, surviving_slots
 from presses.ordered_scorer_press import OrderedScorerPress
 
 
@@ -52,12 +52,15 @@ class TOVAPress(OrderedScorerPress):
         attentions: torch.Tensor | None,
         kwargs: dict,
     ) -> torch.Tensor:
-        num_kv_heads = keys.shape[1]
-        # (batch, num_heads, k_len): the newest row, which includes the newest token's attention to itself
-        newest = attention_column_sums(module, hidden_states, keys, attentions, kwargs, n_rows=1)
+        num_kv_heads, k_len = keys.shape[1], keys.shape[2]
+        # an earlier press of a ComposedPress may have evicted: score the prompt's keys, then take the survivors'
+        evicted = hidden_states is not None and k_len < hidden_states.shape[1]
+        full = recomputed_keys(module, hidden_states, kwargs) if evicted else keys
+        _, newest = next(attention_rows(module, hidden_states, full, attentions, kwargs, n_rows=1).chunks)
+        newest = newest[:, :, 0]  # (batch, num_heads, length), float32; includes the newest token's self-attention
         if self.per_kv_group:
             scores = group_mean(newest, num_kv_heads)
         else:
             scores = newest.mean(1, keepdim=True).expand(-1, num_kv_heads, -1).clone()
         scores[..., -1] = float("inf")
-        return scores
+        return scores if full is keys else scores.gather(-1, surviving_slots(full, keys))

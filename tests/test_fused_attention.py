@@ -29,7 +29,8 @@ def attention_inputs(q_len: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor
 def column_sums_by_definition(
     query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor | None, lag: int | None
 ) -> torch.Tensor:
-    """sum over rows t of w(t) a(t -> k) from the full causal attention matrix; rows are the last q_len keys."""
+    """sum over rows t of w(t) a(t -> k) from the full causal attention matrix; rows are the last q_len keys;
+    with a lag, only Eq. 1's window t_k < t <= t_k + lag."""
     q_len, k_len = query.shape[2], key.shape[2]
     keys = key.repeat_interleave(HEADS // KV_HEADS, dim=1)
     rows = torch.arange(k_len - q_len, k_len)[:, None]
@@ -37,7 +38,7 @@ def column_sums_by_definition(
     logits = (query @ keys.transpose(2, 3)) * HEAD_DIM**-0.5
     probs = logits.masked_fill(distance < 0, float("-inf")).softmax(-1)
     if lag is not None:
-        probs = probs * (distance <= lag)
+        probs = probs * ((distance > 0) & (distance <= lag))
     if weights is not None:
         probs = probs * weights[:, None, k_len - q_len :, None]
     return probs.sum(2)
@@ -98,7 +99,7 @@ def test_fused_press_scores_from_the_fused_sums_and_restores_the_model(sdpa_mode
     def no_recomputation(*args, **kwargs):
         raise AssertionError("the sums were recomputed instead of taken from fused_sdpa")
 
-    monkeypatch.setattr(presses.rmm_press, "attention_column_sums", no_recomputation)
+    monkeypatch.setattr(presses.rmm_press, "attention_rows", no_recomputation)
     seen = []
     hook = sdpa_model.model.layers[0].self_attn.register_forward_pre_hook(
         lambda module, args: seen.append(sdpa_model.config._attn_implementation)

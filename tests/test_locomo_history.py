@@ -8,7 +8,7 @@ import torch
 from evaluation.budgets import Budget
 from evaluation.generation import decode
 from evaluation.history import History
-from evaluation.press_registry import PRESSES, make_press
+from evaluation.press_specs import DEFAULT_PRESSES, attn_implementation, make_press
 from tests.helpers import kept_positions, prefill, tiny_model
 
 TURNS = [("question", 9), ("answer", 5), ("question", 7), ("answer", 6), ("question", 8), ("answer", 4)]
@@ -22,11 +22,11 @@ def naive_weights(model, ids: torch.Tensor, kinds: list[str]) -> torch.Tensor:
     return torch.where(torch.tensor([kind == "answer" for kind in kinds]), correct, torch.ones_like(correct))
 
 
-@pytest.mark.parametrize("name", list(PRESSES))
+@pytest.mark.parametrize("name", [*DEFAULT_PRESSES[1:], "rmm(lag=8)"])
 def test_incremental_kept_sets_and_answers_equal_a_naive_re_prefill(arch, name):
     generator = torch.Generator().manual_seed(7)
-    model = tiny_model(arch, "eager" if PRESSES[name].needs_eager else "sdpa")
-    history = History(model, teacher_forced_kinds=frozenset({"answer"}))
+    model = tiny_model(arch, attn_implementation(name))
+    history = History(model, teacher_forced_kinds=frozenset({"answer"}), presses=[make_press(name, 0.5)])
     chunks = [("conversation", torch.randint(3, 256, (90,), generator=generator).tolist())]
     chunks += [(kind, torch.randint(3, 256, (size,), generator=generator).tolist()) for kind, size in TURNS]
     history.extend(chunks[0][1], chunks[0][0])
@@ -37,7 +37,7 @@ def test_incremental_kept_sets_and_answers_equal_a_naive_re_prefill(arch, name):
         ids = torch.tensor([history.token_ids])
         ratio = Budget("tokens", 40).compression_ratio(history.length)
         press = make_press(name, ratio)
-        if name == "rmm":
+        if name.startswith("rmm"):
             weights = naive_weights(model, ids, kinds)
             assert history.weights == weights.tolist()
             naive_press = make_press(name, ratio)
@@ -60,7 +60,7 @@ def test_incremental_kept_sets_and_answers_equal_a_naive_re_prefill(arch, name):
 def test_first_turn_rmm_keeps_what_h2o_keeps():
     """With no earlier answers every row weighs 1: the first turn is out of RMM's regime."""
     model = tiny_model("llama", "sdpa")
-    history = History(model, teacher_forced_kinds=frozenset({"answer"}))
+    history = History(model, frozenset({"answer"}), [make_press("rmm", 0.5), make_press("h2o", 0.5)])
     history.extend(torch.randint(3, 256, (120,), generator=torch.Generator().manual_seed(2)).tolist(), "conversation")
     ratio = Budget("tokens", 50).compression_ratio(history.length)
     _, rmm = history.compress(make_press("rmm", ratio))
@@ -73,7 +73,7 @@ def test_every_row_teacher_forced_including_rows_at_chunk_boundaries():
     its share of the weighted sums are revised then, matching one full forward over the whole history."""
     model = tiny_model("qwen2", "sdpa")
     everything = frozenset({"conversation", "question", "answer"})
-    history = History(model, teacher_forced_kinds=everything)
+    history = History(model, teacher_forced_kinds=everything, presses=[make_press("rmm", 0.5)])
     generator = torch.Generator().manual_seed(11)
     for kind, size in [("conversation", 70), *TURNS]:
         history.extend(torch.randint(3, 256, (size,), generator=generator).tolist(), kind)

@@ -147,7 +147,8 @@ def test_stream_runs_resumes_and_writes_the_scorecard(model_dir, data_file, tmp_
     first_turn = {r["press"]: r["prediction"] for r in rows if r["turn"] == 0}
     assert first_turn["rmm"] == first_turn["h2o"], "out of regime on the first turn: RMM is H2O"
     scorecard = (output / "scorecard.md").read_text()
-    for condition in ("overall", "first turn", "later turns", "answerable", "single-hop (4)", "adversarial (5)"):
+    conditions = ("overall (1-4)", "first turn", "later turns", "evidence visible", "single-hop (4)", "adversarial (5)")
+    for condition in conditions:
         assert f"| {condition} | 200 tokens |" in scorecard
     assert (output / "scorecard.png").stat().st_size > 0
 
@@ -163,7 +164,34 @@ def test_dropped_sessions_make_questions_unanswerable(model_dir, data_file, tmp_
     output = tmp_path / "short"
     assert locomo(model_dir, data_file, output, "--max-history-tokens", "300", "--presses", "full") == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
-    assert [r["answerable"] for r in rows] == [False, True, False, False]
+    assert [r["evidence_visible"] for r in rows] == [False, True, False, False]
+    assert "evidence inside the history for 1 of 4 questions (25%)" in (output / "scorecard.md").read_text()
+
+
+def test_evidence_placement_asks_each_question_after_its_last_evidence_session(model_dir, data_file, tmp_path):
+    output = tmp_path / "evidence"
+    assert locomo(model_dir, data_file, output, "--placement", "evidence", "--presses", "full", "rmm") == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    full = [r for r in rows if r["press"] == "full"]
+    # session 1 holds the evidence of questions 0 and 2, session 2 the last evidence of questions 1 and 3
+    assert [r["question_index"] for r in full] == [0, 2, 1, 3]
+    assert [r["turn"] for r in full] == [0, 1, 2, 3]
+    assert all(r["evidence_visible"] and r["placement"] == "evidence" for r in rows)
+    tokens = [r["history_tokens"] for r in full]
+    assert tokens[0] < tokens[1] < tokens[2] < tokens[3], "sessions and turns stream in"
+    filed = tmp_path / "file"
+    assert locomo(model_dir, data_file, filed, "--presses", "full") == 0
+    first = json.loads((filed / "predictions.jsonl").read_text().splitlines()[0])
+    assert tokens[0] < first["history_tokens"], "the first question comes before the second session"
+
+
+def test_evidence_placement_restarts_from_the_newest_sessions_when_the_context_is_full(model_dir, data_file, tmp_path):
+    output = tmp_path / "evidence"
+    extra = ("--placement", "evidence", "--presses", "full", "--max-history-tokens", "330")
+    assert locomo(model_dir, data_file, output, *extra) == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert [r["evidence_visible"] for r in rows] == [True, True, True, False], "question 3's session 1 is gone"
+    assert rows[2]["history_tokens"] < rows[1]["history_tokens"], "the history restarted at session 2"
 
 
 def test_model_history_mode_streams_each_cell_separately(model_dir, data_file, tmp_path):
@@ -178,7 +206,7 @@ def test_model_history_mode_streams_each_cell_separately(model_dir, data_file, t
     [
         (["--budgets", "0"], "token budget 0 must be a whole number of tokens > 0"),
         (["--budgets", "100000"], "budget 100000 is not smaller than the history of conv-test"),
-        (["--presses", "nosuch"], "unknown press(es) ['nosuch']"),
+        (["--presses", "nosuch"], "press spec 'nosuch': unknown press 'nosuch'; known: AdaKVPress"),
         (["--conversations", "conv-99"], "unknown conversation(s) ['conv-99']; the data holds conv-test"),
     ],
 )

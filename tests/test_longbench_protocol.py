@@ -172,7 +172,7 @@ def test_prompt_split_and_middle_truncation():
     ("arguments", "message"),
     [
         (["--tasks", "nosuchtask"], "unknown LongBench task(s) ['nosuchtask']; known tasks: narrativeqa"),
-        (["--presses", "nosuchpress"], "unknown press(es) ['nosuchpress']; known presses: full, snapkv"),
+        (["--presses", "nosuchpress"], "press spec 'nosuchpress': unknown press 'nosuchpress'; known: AdaKVPress"),
         (["--ratios", "1.0"], "compression ratio 1.0 is outside [0, 1)"),
         (["--ratios", "-0.2"], "compression ratio -0.2 is outside [0, 1)"),
         (["--budgets", "0"], "token budget 0 must be a whole number of tokens > 0"),

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from evaluation.generation import decode, decode_batch
 from evaluation.history import History
-from evaluation.press_registry import make_press
+from evaluation.press_specs import make_press
 from evaluation.ragged import RaggedCache
 from tests.helpers import tiny_model
 
@@ -62,9 +62,9 @@ def test_batched_decoding_equals_one_cache_at_a_time_whatever_the_lengths_and_st
     generator = torch.Generator().manual_seed(7)
     context = torch.randint(3, 256, (1, 96), generator=generator)
     question = torch.randint(3, 256, (1, 4), generator=generator)
-    history = History(model, frozenset({"context"}))
-    history.extend(context[0].tolist(), "context")
     cells = [("tova", 0.5), ("full", 0.0), ("snapkv", 0.5), ("rmm", 0.25), ("streaming_llm", 0.5)]
+    history = History(model, frozenset({"context"}), [make_press(name, ratio) for name, ratio in cells])
+    history.extend(context[0].tolist(), "context")
     caches = [history.compress(make_press(name, ratio))[0] for name, ratio in cells]
     unstopped = decode_batch(model, caches, question, 96, 10, set())
     stop = {unstopped[2][3]}  # stops the SnapKV cache early, inside the group of three 48-token caches

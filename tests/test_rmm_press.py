@@ -1,29 +1,114 @@
+"""RMMPress against the paper's equations (Eq. 1, section 5), hand-computed cases and references computed
+here from the model's own eager attention, and against KVPress's ObservedAttentionPress (the H2O control)."""
+
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
-from kvpress import ComposedPress, ObservedAttentionPress, PerLayerCompressionPress
+from kvpress import (
+    ComposedPress,
+    DecodingPress,
+    KnormPress,
+    ObservedAttentionPress,
+    PerLayerCompressionPress,
+    SnapKVPress,
+    StreamingLLMPress,
+)
 from kvpress.utils import compute_n_kept
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from presses import RMMPress
-from presses.attention import attention_column_sums
-from tests.helpers import kept_positions, prefill, same_sets, tiny_model
+from evaluation.budgets import Budget
+from presses import RMMPress, TOVAPress
+from tests.helpers import kept_positions, positions_of, prefill, same_sets, tiny_model
+
+STAND_IN = SimpleNamespace(layer_idx=0)
+
+# A causal attention matrix written out by hand (row t: query t; one head), and per-row weights w(t).
+ATTENTION = [
+    [1.0, 0, 0, 0, 0, 0],
+    [0.6, 0.4, 0, 0, 0, 0],
+    [0.5, 0.2, 0.3, 0, 0, 0],
+    [0.1, 0.6, 0.2, 0.1, 0, 0],
+    [0.3, 0.1, 0.4, 0.1, 0.1, 0],
+    [0.2, 0.2, 0.1, 0.3, 0.1, 0.1],
+]
+WEIGHTS = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+INF = float("inf")
 
 
-def reference_scores(model, input_ids, weights: torch.Tensor, lag: int | None) -> list[torch.Tensor]:
-    """Demonstrated utility straight from the definition, on the model's full eager attention matrices."""
+def hand_scores(press: RMMPress) -> list[float]:
+    """The press's score of the hand-written matrix, read as eager weights of one prefill."""
+    length = len(ATTENTION)
+    kwargs = {
+        "hidden_states": torch.zeros(1, length, 1),
+        "cache_position": torch.arange(length),
+        "position_ids": torch.arange(length)[None],
+    }
+    keys = torch.zeros(1, 1, length, 1)
+    attentions = torch.tensor(ATTENTION)[None, None]
+    return press.score(STAND_IN, kwargs["hidden_states"], keys, keys, attentions, kwargs)[0, 0].tolist()
+
+
+@pytest.mark.parametrize(
+    ("lag", "expected"),
+    [
+        # H = 1: DU(k) = w(k+1) a(k+1 -> k); position 5 is the provisional buffer
+        (1, [0 * 0.6, 1 * 0.2, 1 * 0.2, 0 * 0.1, 1 * 0.1, INF]),
+        # H = 2: DU(k) = w(k+1) a(k+1 -> k) + w(k+2) a(k+2 -> k); positions 4 and 5 are provisional
+        (2, [0 * 0.6 + 1 * 0.5, 1 * 0.2 + 1 * 0.6, 1 * 0.2 + 0 * 0.4, 0 * 0.1 + 1 * 0.3, INF, INF]),
+        # H = 0: the window (t_k, t_k] is empty, every utility is 0 and nothing is provisional
+        (0, [0.0] * 6),
+        # lag None: the H2O sum over t >= k (diagonal included) divided by the rows counted
+        (None, [1.8 / 6, (0.2 + 0.6 + 0.2) / 5, (0.3 + 0.2 + 0.1) / 4, 0.4 / 3, 0.1 / 2, 0.1 / 1]),
+    ],
+)
+def test_eq1_window_on_a_hand_computed_attention_matrix(lag, expected):
+    assert hand_scores(RMMPress(lag=lag, correctness=WEIGHTS)) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("lag", "n_kept", "kept"), [(1, 3, [1, 2, 5]), (2, 4, [0, 1, 4, 5]), (0, 2, [0, 1])])
+def test_kept_set_is_the_buffer_plus_the_best_committed(lag, n_kept, kept):
+    """K + H accounting: the H newest always, then the best n_kept - H by utility; a newcomer must outrank an
+    incumbent, so at H = 0, where every utility is 0, the first positions stay."""
+    press = RMMPress(compression_ratio=Budget("tokens", n_kept).compression_ratio(6), lag=lag, correctness=WEIGHTS)
+    length = len(ATTENTION)
+    kwargs = {"hidden_states": torch.zeros(1, length, 1), "cache_position": torch.arange(length)}
+    keys = torch.arange(float(length)).view(1, 1, length, 1)
+    attentions = torch.tensor(ATTENTION)[None, None]
+    kept_keys, _ = press.compress(STAND_IN, kwargs["hidden_states"], keys, keys, attentions, kwargs)
+    assert kept_keys.flatten().tolist() == kept
+
+
+def eq1_reference(model, input_ids: torch.Tensor, weights: torch.Tensor, lag: int | None) -> list[torch.Tensor]:
+    """Per layer, (num_kv_heads, length) scores from the model's full eager attention: Eq. 1 over (k, k + lag]
+    with the buffer at +inf, or for lag None the weighted sum over t >= k divided by the rows counted."""
     with torch.no_grad():
         attentions = model.model(input_ids=input_ids, output_attentions=True).attentions
     length = input_ids.shape[1]
     rows, cols = torch.arange(length)[:, None], torch.arange(length)[None, :]
-    counts = (rows >= cols) & ((rows - cols <= lag) if lag is not None else True)
+    window = rows >= cols if lag is None else (rows > cols) & (rows - cols <= lag)
     per_layer = []
     for attention in attentions:
-        weighted = attention[0] * weights[:, None] * counts  # (heads, rows, cols)
-        score = weighted.sum(1) / counts.sum(0)  # (heads, cols)
-        num_kv = model.config.num_key_value_heads
-        per_layer.append(score.view(num_kv, -1, length).mean(1))
+        weighted = (attention[0].double() * weights.double()[:, None] * window).sum(1)  # (heads, cols)
+        score = weighted.view(model.config.num_key_value_heads, -1, length).mean(1)
+        if lag is None:
+            score = score / window.sum(0)
+        elif lag:
+            score[:, length - lag :] = INF
+        per_layer.append(score)
     return per_layer
+
+
+def reference_kept(score: torch.Tensor, n_kept: int) -> list[list[int]]:
+    """The n_kept highest per head in ascending order; a newcomer must outrank an incumbent (section 5), so ties
+    keep the older position."""
+    kept = []
+    for head in score.tolist():
+        ranked = sorted(range(len(head)), key=lambda k, s=head: (s[k], -k))
+        kept.append(sorted(ranked[-n_kept:]))
+    return kept
 
 
 def teacher_forced_weights(model, input_ids) -> torch.Tensor:
@@ -33,6 +118,18 @@ def teacher_forced_weights(model, input_ids) -> torch.Tensor:
     return torch.cat([(predicted[:-1] == input_ids[0, 1:]).float(), torch.ones(1)])
 
 
+@pytest.mark.parametrize("lag", [None, 0, 1, 2, 7])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_kept_sets_follow_eq1_on_tiny_models(arch, token_ids, lag, attn):
+    eager = tiny_model(arch, "eager")
+    weights = teacher_forced_weights(eager, token_ids)
+    assert 0 < weights.mean() < 1, "a random model is right on some tokens and wrong on others"
+    n_kept = compute_n_kept(token_ids.shape[1], 0.5)
+    kept = kept_positions(tiny_model(arch, attn), token_ids, RMMPress(compression_ratio=0.5, lag=lag), atol=1e-5)
+    for positions, score in zip(kept, eq1_reference(eager, token_ids, weights, lag), strict=True):
+        assert positions[0].tolist() == reference_kept(score, n_kept)
+
+
 def test_uniform_without_lag_keeps_exactly_what_observed_attention_keeps(eager_model, token_ids):
     for ratio in (0.25, 0.5, 0.8):
         ours = kept_positions(eager_model, token_ids, RMMPress(compression_ratio=ratio, correctness="uniform"))
@@ -40,25 +137,9 @@ def test_uniform_without_lag_keeps_exactly_what_observed_attention_keeps(eager_m
         assert same_sets(ours, h2o), f"ratio {ratio}"
 
 
-@pytest.mark.parametrize("lag", [None, 0, 5, 30])
-def test_scores_follow_the_definition(eager_model, token_ids, lag):
-    weights = teacher_forced_weights(eager_model, token_ids)
-    assert 0 < weights.mean() < 1, "a random model is right on some tokens and wrong on others"
-    n_kept = compute_n_kept(token_ids.shape[1], 0.5)
-    kept = kept_positions(eager_model, token_ids, RMMPress(compression_ratio=0.5, lag=lag))
-    for positions, score in zip(kept, reference_scores(eager_model, token_ids, weights, lag), strict=True):
-        if lag:
-            score[:, -lag:] = float("inf")
-        for head, head_score in enumerate(score.tolist()):
-            # highest scores kept; among equal scores the higher position is kept (ties evict the lower)
-            ranked = sorted(range(len(head_score)), key=lambda k, s=head_score: (s[k], k))
-            assert positions[0, head].tolist() == sorted(ranked[-n_kept:])
-
-
-def test_lag_keeps_the_provisional_buffer(sdpa_model, token_ids):
-    length, lag = token_ids.shape[1], 20
-    for positions in kept_positions(sdpa_model, token_ids, RMMPress(compression_ratio=0.7, lag=lag)):
-        assert (positions[..., -lag:] == torch.arange(length - lag, length)).all()
+def test_a_lag_that_does_not_fit_the_budget_is_refused(sdpa_model, token_ids):
+    with pytest.raises(ValueError, match=r"RMMPress\(lag=20\) .* budget keeps only 9: use a lag below 9"):
+        prefill(sdpa_model, token_ids, RMMPress(compression_ratio=0.9, lag=20))
 
 
 def test_correctness_weighting_changes_what_is_kept(eager_model, token_ids):
@@ -67,55 +148,125 @@ def test_correctness_weighting_changes_what_is_kept(eager_model, token_ids):
     assert not same_sets(weighted, uniform)
 
 
-def test_single_pass_weights_equal_explicit_teacher_forced_weights(sdpa_model, token_ids):
-    weights = teacher_forced_weights(sdpa_model, token_ids)
-    deferred = kept_positions(sdpa_model, token_ids, RMMPress(compression_ratio=0.5))
-    explicit = kept_positions(sdpa_model, token_ids, RMMPress(compression_ratio=0.5, correctness=weights))
-    assert same_sets(deferred, explicit)
-
-
 def test_pre_pass_inside_another_press_gives_the_same_weights(sdpa_model, token_ids):
     """Inside ComposedPress the deferral cannot apply; the pre-pass must reproduce the same kept set."""
-    alone = kept_positions(sdpa_model, token_ids, RMMPress(compression_ratio=0.5))
-    composed = kept_positions(sdpa_model, token_ids, ComposedPress([RMMPress(compression_ratio=0.5)]))
+    alone = kept_positions(sdpa_model, token_ids, RMMPress(compression_ratio=0.5, lag=4))
+    composed = kept_positions(sdpa_model, token_ids, ComposedPress([RMMPress(compression_ratio=0.5, lag=4)]))
     assert same_sets(alone, composed)
 
 
-@pytest.mark.parametrize("correctness", ["uniform", "teacher_forced"])
-@pytest.mark.parametrize("lag", [None, 7])
-def test_sdpa_chunked_sums_keep_the_same_set_as_eager(arch, token_ids, correctness, lag):
-    press = RMMPress(compression_ratio=0.6, lag=lag, correctness=correctness, chunk_size=16)
-    eager = kept_positions(tiny_model(arch, "eager"), token_ids, press)
-    sdpa = kept_positions(tiny_model(arch, "sdpa"), token_ids, press)
-    assert same_sets(eager, sdpa)
+def test_bfloat16_ranks_in_float32(token_ids):
+    """A bf16 model's attention summed and ranked in float32 (the reference) keeps what the press keeps."""
+    model = tiny_model("llama", "eager").to(torch.bfloat16)
+    for lag in (None, 4):
+        press = RMMPress(compression_ratio=0.5, lag=lag, correctness="uniform", chunk_size=128)
+        kept = kept_positions(model, token_ids, press)
+        reference = eq1_reference(model, token_ids, torch.ones(token_ids.shape[1]), lag)
+        for positions, score in zip(kept, reference, strict=True):
+            assert positions[0].tolist() == reference_kept(score, compute_n_kept(token_ids.shape[1], 0.5))
 
 
-def test_chunked_sums_equal_eager_sums_within_1e_5(eager_model, token_ids):
-    captured = {}
+def padded_batch_kept(model, long_ids: torch.Tensor, short_ids: torch.Tensor, press) -> list[torch.Tensor]:
+    """Per layer, the positions the press keeps of a batch [long, short left-padded to the long length]."""
+    pad = long_ids.shape[1] - short_ids.shape[1]
+    ids = torch.cat([long_ids, torch.cat([torch.full((1, pad), 2), short_ids], dim=1)])
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    caches = []
+    for active in (None, press):
+        cache = DynamicCache()
+        with torch.no_grad(), active(model) if active else torch.no_grad():
+            model.model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+        caches.append(cache)
+    full, compressed = caches
+    return [positions_of(f.keys, c.keys, 1e-4) for f, c in zip(full.layers, compressed.layers, strict=True)]
 
-    def capture(module, args, kwargs, output):
-        captured[module.layer_idx] = (kwargs, output[1])
 
-    hooks = [layer.self_attn.register_forward_hook(capture, with_kwargs=True) for layer in eager_model.model.layers]
-    cache = prefill(eager_model, token_ids)
-    for hook in hooks:
-        hook.remove()
-    weights = torch.rand(1, token_ids.shape[1], generator=torch.Generator().manual_seed(3))
-    for layer_idx, (kwargs, attentions) in captured.items():
-        module, keys = eager_model.model.layers[layer_idx].self_attn, cache.layers[layer_idx].keys
-        for lag in (None, 9):
-            eager = attention_column_sums(module, None, keys, attentions, kwargs, row_weights=weights, lag=lag)
-            chunked = attention_column_sums(
-                module,
-                kwargs["hidden_states"],
-                keys,
-                None,
-                kwargs,
-                row_weights=weights,
-                lag=lag,
-                chunk_size=10,
-            )
-            torch.testing.assert_close(chunked, eager, atol=1e-5, rtol=0)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("make", [lambda r: RMMPress(r, lag=4), lambda r: RMMPress(r), lambda r: TOVAPress(r)])
+def test_a_left_padded_batch_keeps_what_the_unpadded_single_runs_keep(attn, make):
+    model = tiny_model("llama", attn)
+    generator = torch.Generator().manual_seed(6)
+    long_ids, short_ids = (
+        torch.randint(3, 256, (1, 96), generator=generator),
+        torch.randint(3, 256, (1, 70), generator=generator),
+    )
+    batch = padded_batch_kept(model, long_ids, short_ids, make(0.5))
+    n_kept = compute_n_kept(96, 0.5)
+    alone_long = kept_positions(model, long_ids, make(0.5), atol=1e-4)
+    alone_short = kept_positions(model, short_ids, make(Budget("tokens", n_kept).compression_ratio(70)), atol=1e-4)
+    for layer, positions in enumerate(batch):
+        assert positions[0].sort(-1).values.tolist() == alone_long[layer][0].sort(-1).values.tolist()
+        assert (positions[1] >= 26).all(), "every padding slot is evicted before any token"
+        assert (positions[1] - 26).sort(-1).values.tolist() == alone_short[layer][0].sort(-1).values.tolist()
+
+
+@pytest.mark.parametrize("make", [lambda: RMMPress(0.5, lag=4), lambda: RMMPress(0.5), lambda: TOVAPress(0.5)])
+def test_sliding_window_layers_keep_the_same_sets_under_eager_and_sdpa(token_ids, make):
+    config = Qwen2Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=16,
+        max_window_layers=0,
+    )
+    kept = []
+    for attn in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).eval()
+        model.set_attn_implementation(attn)
+        kept.append(kept_positions(model, token_ids, make(), atol=1e-5))
+    assert same_sets(*kept)
+
+
+def hook_count(model) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "presses",
+    [
+        lambda: [TOVAPress(0.5), RMMPress(0.5, lag=4)],
+        lambda: [RMMPress(0.5, lag=4), TOVAPress(0.5)],
+        lambda: [SnapKVPress(0.3, window_size=8), RMMPress(0.5), KnormPress(0.2)],
+        lambda: [RMMPress(0.4, correctness="uniform"), StreamingLLMPress(0.25)],
+    ],
+)
+def test_composes_in_any_order_holds_the_budget_and_leaves_no_hook(sdpa_model, token_ids, presses):
+    composed = ComposedPress(presses())
+    cache = prefill(sdpa_model, token_ids, composed)
+    expected = token_ids.shape[1]
+    for press in composed.presses:
+        expected = compute_n_kept(expected, press.compression_ratio)
+    assert [layer.keys.shape[2] for layer in cache.layers] == [expected] * 2
+    assert hook_count(sdpa_model) == 0
+
+
+def test_composed_rmm_ranks_the_survivors_by_their_observed_utility(eager_model, token_ids):
+    """After TOVA evicts, RMM keeps, of TOVA's survivors, the best by Eq. 1 over the prefill's attention."""
+    first = kept_positions(eager_model, token_ids, TOVAPress(0.5))
+    composed = kept_positions(eager_model, token_ids, ComposedPress([TOVAPress(0.5), RMMPress(0.5, lag=4)]))
+    weights = teacher_forced_weights(eager_model, token_ids)
+    n_kept = compute_n_kept(compute_n_kept(token_ids.shape[1], 0.5), 0.5)
+    for survivors, kept, score in zip(first, composed, eq1_reference(eager_model, token_ids, weights, 4), strict=True):
+        for head, head_score in enumerate(score):
+            survivors_score = head_score[survivors[0, head]]
+            expected = survivors[0, head][reference_kept(survivors_score[None], n_kept)[0]]
+            assert kept[0, head].sort().values.tolist() == expected.tolist()
+
+
+def test_uniform_weights_register_no_hook_even_without_a_forward(sdpa_model):
+    for wrapper in (
+        ComposedPress([RMMPress(0.5, correctness="uniform")]),
+        DecodingPress(RMMPress(lag=2, correctness="uniform")),
+    ):
+        with wrapper(sdpa_model):
+            pass
+    assert hook_count(sdpa_model) == 0
 
 
 def test_no_state_leaks_between_samples(sdpa_model):
@@ -132,9 +283,9 @@ def test_no_state_leaks_between_samples(sdpa_model):
     )
 
 
-def test_per_position_weights_must_cover_the_cache(sdpa_model, token_ids):
+def test_per_position_weights_must_cover_the_sequence(sdpa_model, token_ids):
     press = RMMPress(compression_ratio=0.5, correctness=[1.0] * 10)
-    with pytest.raises(ValueError, match="10 per-position weights but the cache holds 96"):
+    with pytest.raises(ValueError, match="10 per-position weights but the cache reaches position 95"):
         prefill(sdpa_model, token_ids, press)
 
 

@@ -66,7 +66,8 @@ def locomo_rows(press: str, shift: float) -> list[dict]:
             "press": press,
             "budget_label": "1800 tokens",
             "turn": i,
-            "answerable": i % 3 > 0,
+            "evidence_visible": i % 3 > 0,
+            "placement": "file",
             "category": 1 + i % 5,
             "score": min(1.0, BASE[i] + shift),
         }
@@ -82,8 +83,8 @@ def test_the_scorecard_command_across_benchmarks(tmp_path, capsys):
     markdown = (tmp_path / "out" / "both" / "scorecard.md").read_text()
     assert "- rmm: 1 / 0 / " in markdown, "a win on LongBench"
     assert "| LongBench hotpotqa | keep 50% | rmm |" in markdown and "| win |" in markdown
-    assert "| LoCoMo overall | 1800 tokens | rmm |" in markdown and "| loss |" in markdown
-    assert "| LoCoMo overall | 1800 tokens | tova |" in markdown and "| tie |" in markdown
+    assert "| LoCoMo overall (1-4) | 1800 tokens | rmm |" in markdown and "| loss |" in markdown
+    assert "| LoCoMo overall (1-4) | 1800 tokens | tova |" in markdown and "| tie |" in markdown
     assert "| LoCoMo later turns | 1800 tokens | h2o |" in markdown and "| reference |" in markdown
     assert (tmp_path / "out" / "both" / "scorecard.png").stat().st_size > 0
     assert main(argv) == 0

@@ -6,17 +6,18 @@ import json
 
 import pytest
 import torch
-from kvpress import KnormPress
 
 from evaluation.budgets import Budget, ratio_for
 from evaluation.generation import decode_batch, generate
 from evaluation.history import History
-from evaluation.press_registry import PRESSES, PressSpec, attn_implementation, make_press
+from evaluation.press_specs import DEFAULT_PRESSES, attn_implementation, make_press
 from tests.helpers import prefill, tiny_model
 from tests.test_longbench_protocol import data_dir, longbench, model_dir, read_rows  # noqa: F401
 
 CELLS = [("full", None)] + [
-    (name, Budget(kind, value)) for name in PRESSES for kind, value in [("ratio", 0.5), ("tokens", 30)]
+    (name, Budget(kind, value))
+    for name in [*DEFAULT_PRESSES[1:], "rmm(lag=8)"]
+    for kind, value in [("ratio", 0.5), ("tokens", 30)]
 ]
 
 
@@ -33,9 +34,10 @@ def test_shared_and_per_cell_paths_keep_the_same_positions_and_predict_the_same(
     context = torch.randint(3, 256, (1, 90), generator=generator)
     question = torch.randint(3, 256, (1, 5), generator=generator)
     ratio = ratio_for(budget, 90)
-    history = History(model, frozenset({"context"}))
+    press = make_press(press_name, ratio)
+    history = History(model, frozenset({"context"}), [press])
     history.extend(context[0].tolist(), "context")
-    cache, kept = history.compress(make_press(press_name, ratio))
+    cache, kept = history.compress(press)
     full = prefill(model, context)
     reference = per_cell_cache(model, context, press_name, budget)
     for layer, indices in enumerate(kept):
@@ -54,8 +56,6 @@ def test_the_grid_on_both_paths_agrees_and_records_the_path_each_press_took(
     monkeypatch,
 ):
     """KNorm is not a press the history can score: it falls back to the per-cell path on its own."""
-    monkeypatch.setitem(PRESSES, "knorm", PressSpec(KnormPress))
-    monkeypatch.setattr("evaluation.press_registry.PRESS_NAMES", ("full", *PRESSES))
     shared_run, per_cell_run = tmp_path / "shared", tmp_path / "per-cell"
     presses = ("--presses", "full", "snapkv", "h2o", "tova", "rmm", "knorm")
     assert longbench(model_dir, data_dir, shared_run, *presses) == 0

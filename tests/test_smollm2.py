@@ -19,7 +19,7 @@ from evaluation.history import History
 from evaluation.longbench.data import load_configs, load_task
 from evaluation.longbench.prompts import build_prompt
 from evaluation.models import SMOLLM2_ALIAS
-from evaluation.press_registry import FULL_CACHE, PRESSES, attn_implementation, make_press
+from evaluation.press_specs import DEFAULT_PRESSES, FULL_CACHE, attn_implementation, make_press
 from evaluation.traces.policies import LayerTrace, default_policies
 from evaluation.traces.record import load_or_record
 from evaluation.traces.replay import recent_share, replay
@@ -157,14 +157,16 @@ def test_shared_path_equals_per_cell_path_on_three_multi_news_examples(smollm2):
     eager, _ = smollm2("eager")
     data_dir = SHARED_DATA / "longbench"
     task = load_configs(data_dir, ["multi_news"])["multi_news"]
-    cells = [(FULL_CACHE, None), *press_cells(list(PRESSES), [Budget("ratio", 0.5), Budget("ratio", 0.75)], "")]
+    presses = [*DEFAULT_PRESSES[1:], "rmm(lag=16)"]
+    cells = [(FULL_CACHE, None), *press_cells(presses, [Budget("ratio", 0.5), Budget("ratio", 0.75)], "")]
     stop = eos_ids(sdpa)
     for example in load_task(data_dir, "multi_news", 3):
         prompt = build_prompt(example, task, tokenizer, 512, query_aware=False)
         context, length = prompt.context_ids, prompt.context_ids.shape[1]
-        history = History(sdpa, frozenset({"context"}))
+        presses = [make_press(name, ratio_for(budget, length)) for name, budget in cells]
+        history = History(sdpa, frozenset({"context"}), presses)
         history.extend(context[0].tolist(), "context")
-        derived = [history.compress(make_press(name, ratio_for(budget, length))) for name, budget in cells]
+        derived = [history.compress(press) for press in presses]
         shared = decode_batch(sdpa, [cache for cache, _ in derived], prompt.question_ids, length, 16, stop, None)
         full = prefill(sdpa, context)
         for (name, budget), (_, kept), tokens in zip(cells, derived, shared, strict=True):
@@ -190,14 +192,17 @@ def canonical_trace(smollm2):
 
 
 def test_tova_seed_claims_on_the_canonical_trace(canonical_trace):
-    """At every budget TOVA retains at least H2O's attention mass and H2O recalls at least TOVA's heavy hitters
-    (both hold on this trace). At budget 256 TOVA does not hold the 64 most recent positions in most layers, nor
-    the first 4 in any: measured, pinned, and said in the README."""
+    """The seed's claims against the project's one H2O (KVPress's ``ObservedAttentionPress``, a mean over rows,
+    where the seed's H2O sums with a recent window of 32), measured on this trace and pinned: H2O recalls at
+    least TOVA's heavy hitters at every budget (holds); TOVA retains at least H2O's attention mass only at 64 and
+    128, by under 0.004, and less at 256 and 512 (the seed's margin of about 0.13 is not reproduced). At budget
+    256 TOVA does not hold the 64 most recent positions in most layers, nor the first 4 in any."""
     trace, stacked = canonical_trace
     tova, h2o = default_policies()[:2]
     for budget in (64, 128, 256, 512):
         ours, theirs = replay(stacked, tova, budget), replay(stacked, h2o, budget)
-        assert ours.retained_mass.mean() >= theirs.retained_mass.mean(), budget
+        margin = float(ours.retained_mass.mean() - theirs.retained_mass.mean())
+        assert (0 <= margin < 0.004) if budget <= 128 else margin < 0, budget
         assert theirs.heavy_hitter_recall.mean() >= ours.heavy_hitter_recall.mean(), budget
         if budget == 256:
             recent, first = held_counts(ours.held)
@@ -209,3 +214,23 @@ def test_tova_seed_claims_on_the_canonical_trace(canonical_trace):
             # fmt: on
     share = per_layer(recent_share(stacked), len(trace.layers))
     assert round(sum(share) / len(share), 3) == 0.373, "the mean share of attention on the 64 most recent positions"
+
+
+def test_query_agnostic_prompts_are_the_query_aware_tokens_and_predict_as_generate(smollm2):
+    """The prompt is tokenized once and split at a token boundary: context + question are exactly the query-aware
+    tokens, and the full-cache query-agnostic prediction equals plain transformers ``generate()`` on them."""
+    model, tokenizer = smollm2("sdpa")
+    data_dir = SHARED_DATA / "longbench"
+    task = load_configs(data_dir, ["multi_news"])["multi_news"]
+    stop = eos_ids(model)
+    for example in load_task(data_dir, "multi_news", 4):
+        agnostic = build_prompt(example, task, tokenizer, 512, query_aware=False)
+        aware = build_prompt(example, task, tokenizer, 512, query_aware=True)
+        assert agnostic.question_ids.shape[1] > 0
+        assert torch.cat([agnostic.context_ids, agnostic.question_ids], dim=1).tolist() == aware.context_ids.tolist()
+        cache = prefill(model, agnostic.context_ids)
+        ours = decode(model, cache, agnostic.question_ids, agnostic.context_ids.shape[1], 16, stop)
+        with torch.no_grad():
+            generated = model.generate(aware.context_ids, max_new_tokens=16, do_sample=False)
+        reference = generated[0, aware.context_ids.shape[1] :].tolist()
+        assert ours == [token for token in reference[: len(ours)]] and (len(ours) == 16 or reference[len(ours)] in stop)

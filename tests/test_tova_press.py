@@ -10,7 +10,7 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from presses import TOVAPress
-from presses.ordered_scorer_press import keep_highest, kept_indices
+from presses.ordered_scorer_press import gather_kept, kept_indices
 from tests.helpers import kept_positions, same_sets
 
 
@@ -63,7 +63,7 @@ def test_ties_evict_the_lower_position():
     scores = torch.tensor([[[0.5, 0.1, 0.1, 0.1, 0.9]]])
     assert kept_indices(scores, 3).tolist() == [[[0, 3, 4]]]
     keys = torch.arange(5.0).view(1, 1, 5, 1)
-    kept_keys, _ = keep_highest(scores, keys, keys.clone(), 2)
+    kept_keys, _ = gather_kept(keys, keys.clone(), kept_indices(scores, 2))
     assert kept_keys.flatten().tolist() == [0.0, 4.0]
 
 

@@ -36,9 +36,12 @@ def render_session(session: Session) -> str:
     return "\n".join(lines) + "\n\n"
 
 
+def header(conversation: Conversation) -> str:
+    return HEADER.format(a=conversation.speaker_a, b=conversation.speaker_b)
+
+
 def render_conversation(conversation: Conversation, sessions: list[Session]) -> str:
-    header = HEADER.format(a=conversation.speaker_a, b=conversation.speaker_b)
-    return header + "".join(render_session(session) for session in sessions)
+    return header(conversation) + "".join(render_session(session) for session in sessions)
 
 
 def choice_options(conversation: Conversation, question: Question) -> list[str]:
@@ -69,45 +72,53 @@ def resolve_choice(prediction: str, options: list[str]) -> str:
     return options["ab".index(match.group(1))] if match else prediction
 
 
+Message = tuple[str, str]  # (role, content)
+
+
 @dataclass(frozen=True)
 class Framing:
-    """Token ids of the conversation, and functions for a turn's question and answer increments.
+    """Token ids of the history's start and of each increment (a session, a question, an answer).
 
-    With a chat template the conversation is the system message and each turn a user question followed by
-    the assistant's answer; each increment is the text the template adds (it must extend the previous text).
-    Without one, plain text: the question prompt after a blank line, the answer after a space.
+    With a chat template the history's start is the system message (the rendered conversation, or only its
+    header when sessions are streamed one by one as user messages), each question a user message and each
+    answer the assistant's reply; each increment is the text the template adds (it must extend the previous
+    text). Without one, plain text: a session or the question prompt after a newline, the answer after a space.
     """
 
     tokenizer: PreTrainedTokenizerBase
-    conversation_text: str
+    system: str
 
-    def _chat(self, turns: list[tuple[str, str]], open_question: str | None) -> str:
-        messages = [{"role": "system", "content": self.conversation_text}]
-        for question, answer in turns:
-            messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        if open_question is not None:
-            messages.append({"role": "user", "content": open_question})
-        return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=open_question is not None, tokenize=False
-        )
+    def _chat(self, messages: list[Message], generation_prompt: bool) -> str:
+        chat = [{"role": "system", "content": self.system}] + [{"role": r, "content": c} for r, c in messages]
+        return self.tokenizer.apply_chat_template(chat, add_generation_prompt=generation_prompt, tokenize=False)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def conversation_ids(self) -> list[int]:
+    def start_ids(self) -> list[int]:
         if self.tokenizer.chat_template is None:
-            return self.tokenizer.encode(self.conversation_text)
-        return self.encode(self._chat([], None))
+            return self.tokenizer.encode(self.system)
+        return self.encode(self._chat([], False))
 
-    def question_ids(self, turns: list[tuple[str, str]], question: str) -> list[int]:
+    def session_ids(self, messages: list[Message], session: str) -> list[int]:
+        if self.tokenizer.chat_template is None:
+            return self.encode(f"\n{session}")
+        return self.encode(
+            self._increment(self._chat(messages, False), self._chat([*messages, ("user", session)], False))
+        )
+
+    def question_ids(self, messages: list[Message], question: str) -> list[int]:
         if self.tokenizer.chat_template is None:
             return self.encode(f"\n{question}")
-        return self.encode(self._increment(self._chat(turns, None), self._chat(turns, question)))
+        return self.encode(
+            self._increment(self._chat(messages, False), self._chat([*messages, ("user", question)], True))
+        )
 
-    def answer_ids(self, turns: list[tuple[str, str]], question: str, answer: str) -> list[int]:
+    def answer_ids(self, messages: list[Message], question: str, answer: str) -> list[int]:
         if self.tokenizer.chat_template is None:
             return self.encode(f" {answer}\n")
-        return self.encode(self._increment(self._chat(turns, question), self._chat([*turns, (question, answer)], None)))
+        asked = [*messages, ("user", question)]
+        return self.encode(self._increment(self._chat(asked, True), self._chat([*asked, ("assistant", answer)], False)))
 
     @staticmethod
     def _increment(before: str, after: str) -> str:

@@ -1,5 +1,11 @@
 """The LoCoMo streaming protocol: before every question, re-compress the whole growing history to each
-budget with each press's own score, answer from the compressed copy, then append the turn to the history."""
+budget with each press's own score, answer from the compressed copy, then append the turn to the history.
+
+Two placements of the questions. ``file`` (the paper's): the conversation first, as much of it as fits the
+model's context (the oldest sessions dropped), then every question in file order. ``evidence``: the sessions
+stream in one by one and each question is asked right after the session holding its last evidence, so a
+model whose context holds only a few sessions still sees the evidence; when the next session would overflow
+the context, the history restarts from its newest sessions (half the context), re-prefilled."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.backends import LOCAL, Backend, Unit, run_units
+from evaluation.backends import LOCAL, Backend, Unit, interactive, run_units
 from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.errors import EvaluationError
 from evaluation.generation import decode_batch, eos_ids
@@ -20,21 +26,33 @@ from evaluation.history import History
 from evaluation.locomo.data import Conversation, Question, Session, load_conversations, resolve_path
 from evaluation.locomo.render import (
     Framing,
+    Message,
     choice_options,
     gold_answer,
+    header,
     question_prompt,
     render_conversation,
+    render_session,
     resolve_choice,
 )
 from evaluation.metrics.locomo import CATEGORIES, PAPER_ORDER, score
 from evaluation.models import load_model_or_explain
-from evaluation.press_registry import check_presses, make_press
+from evaluation.press_specs import check_presses, make_press
 from evaluation.run_record import RunRecord
 from evaluation.scorecard import Entry, entries_from_rows, plot_by_turn, write_tables
 from evaluation.store import ResultStore
 
 TEACHER_FORCED_KINDS = {"answers": frozenset({"answer"}), "all": frozenset({"conversation", "question", "answer"})}
-RESULTS_DEFINING = ("model", "history", "rmm_weights", "max_history_tokens", "max_new_tokens", "device")
+RESULTS_DEFINING = (
+    "model",
+    "placement",
+    "history",
+    "rmm_weights",
+    "max_history_tokens",
+    "max_new_tokens",
+    "device",
+)
+PLACEMENTS = ("file", "evidence")
 
 
 @dataclass
@@ -51,6 +69,7 @@ class LoCoMoConfig:
     output: Path
     device: str = "cpu"
     max_new_tokens: int = 32
+    placement: str = "file"
 
 
 def row_key(row: dict) -> tuple[str, int, str, str]:
@@ -78,7 +97,7 @@ def fit_sessions(
     """The newest sessions whose rendered conversation fits in ``limit`` tokens (the oldest are dropped)."""
     for first in range(len(conversation.sessions)):
         sessions = conversation.sessions[first:]
-        if len(framing_for(sessions).conversation_ids()) <= limit:
+        if len(framing_for(sessions).start_ids()) <= limit:
             return sessions
     raise EvaluationError(f"{conversation.sample_id}: not even its last session fits in {limit} history tokens")
 
@@ -91,75 +110,140 @@ class ConversationRun:
     ) -> None:
         self.config, self.model, self.tokenizer, self.cells = config, model, tokenizer, cells
         self.stop = eos_ids(model)
+        self.context = min(tokenizer.model_max_length, model.config.max_position_embeddings)
+        self.kinds = TEACHER_FORCED_KINDS[config.rmm_weights]
 
-    def history_limit(self, conversation: Conversation, framing: Framing, questions: list[Question]) -> int:
-        """``--max-history-tokens``, else the model's context less room for every asked question and answer."""
-        if self.config.max_history_tokens is not None:
-            return self.config.max_history_tokens
-        context = min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
-        room = self.config.max_new_tokens * (len(questions) + 1)
+    def turn_room(self, framing: Framing, questions: list[Question]) -> int:
+        """Tokens that the questions and gold answers of ``questions`` add, plus room for one generated answer."""
+        room = self.config.max_new_tokens
         for question in questions:
-            prompt = question_prompt(conversation, question)
+            prompt = question_prompt(self.conversation, question)
             room += len(framing.question_ids([], prompt)) + len(framing.answer_ids([], prompt, gold_answer(question)))
-        return context - room
+        return room + self.config.max_new_tokens * len(questions)
+
+    def history(self, cells: list[Cell]) -> History:
+        return History(self.model, self.kinds, [make_press(name, 0.5) for name, _ in cells])
 
     def run(self, conversation: Conversation, store: ResultStore, bar: tqdm) -> None:
-        self.conversation = conversation
+        self.conversation, self.store, self.bar = conversation, store, bar
         questions = conversation.questions[: self.config.max_turns]
+        if self.config.placement == "evidence":
+            self.stream_sessions(questions)
+        else:
+            self.stream_file_order(questions)
+
+    def stream_file_order(self, questions: list[Question]) -> None:
+        conversation = self.conversation
 
         def framing_for(sessions: list[Session]) -> Framing:
             return Framing(self.tokenizer, render_conversation(conversation, sessions))
 
-        limit = self.history_limit(conversation, framing_for(conversation.sessions), questions)
+        limit = self.config.max_history_tokens
+        if limit is None:
+            limit = self.context - self.turn_room(framing_for(conversation.sessions), questions)
         sessions = fit_sessions(framing_for, conversation, limit)
         framing = framing_for(sessions)
-        kept_sessions = {session.number for session in sessions}
-        conversation_ids = framing.conversation_ids()
+        window = {session.number for session in sessions}
+        start_ids = framing.start_ids()
         for budget in self.config.budgets:
-            if budget.kind == "tokens" and budget.value >= len(conversation_ids):
+            if budget.kind == "tokens" and budget.value >= len(start_ids):
                 raise EvaluationError(
                     f"budget {int(budget.value)} is not smaller than the history of {conversation.sample_id} "
-                    f"({len(conversation_ids)} tokens): nothing would be compressed"
+                    f"({len(start_ids)} tokens): nothing would be compressed"
                 )
         shared = self.config.history == "gold"
-        kinds = TEACHER_FORCED_KINDS[self.config.rmm_weights]
         histories: dict[Cell | None, History] = {}  # one stream (key None) in gold mode, else one per cell
-        turns: dict[Cell | None, list[tuple[str, str]]] = {}
+        messages: dict[Cell | None, list[Message]] = {}
         for cell in [None] if shared else self.cells:
-            histories[cell] = History(self.model, kinds)
-            histories[cell].extend(conversation_ids, "conversation")
-            turns[cell] = []
+            histories[cell] = self.history(self.cells if shared else [cell])
+            histories[cell].extend(start_ids, "conversation")
+            messages[cell] = []
         for turn, question in enumerate(questions):
             prompt = question_prompt(conversation, question)
-            answerable = bool(question.evidence_sessions) and question.evidence_sessions <= kept_sessions
-            question_ids = {stream: framing.question_ids(turns[stream], prompt) for stream in histories}
             for stream, history in histories.items():
-                cells = self.cells if shared else [stream]
-                missing = [cell for cell in cells if cell_key(conversation, question, cell) not in store]
-                if missing:
-                    for row in self.answer(history, question_ids[stream], question, missing, turn, answerable):
-                        store.append(row)
-                        bar.update()
-                if not shared:
-                    answer = store.get(cell_key(conversation, question, stream))["prediction"]
-                    self.append_turn(framing, history, turns[stream], prompt, question_ids[stream], answer)
-            if shared:
-                self.append_turn(
-                    framing, histories[None], turns[None], prompt, question_ids[None], gold_answer(question)
+                question_ids = framing.question_ids(messages[stream], prompt)
+                self.ask(history, question_ids, question, self.cells if shared else [stream], turn, window)
+                answer = (
+                    gold_answer(question)
+                    if shared
+                    else self.store.get(cell_key(conversation, question, stream))["prediction"]
                 )
+                self.append_turn(framing, history, messages[stream], question_ids, prompt, answer)
+
+    def stream_sessions(self, questions: list[Question]) -> None:
+        """The evidence placement: sessions one by one, each question after the session of its last evidence."""
+        if self.config.history != "gold":
+            raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
+        conversation = self.conversation
+        framing = Framing(self.tokenizer, header(conversation))
+        last = conversation.sessions[-1].number
+        asked_after = {q.index: max(q.evidence_sessions, default=last) for q in questions}
+        limit = self.config.max_history_tokens
+        if limit is None:
+            after = {n: [q for q in questions if asked_after[q.index] == n] for n in set(asked_after.values())}
+            limit = self.context - max((self.turn_room(framing, group) for group in after.values()), default=0)
+        items: list[tuple[str, object, int]] = []  # the stream so far: ("session", text, n) or ("turn", (q, a), n)
+        history, messages = self.rebuild(framing, items)
+        turn = 0
+        for session in conversation.sessions:
+            text = render_session(session)
+            ids = framing.session_ids(messages, text)
+            if history.length + len(ids) > limit:
+                items = newest_items(items, framing, (limit // 2) - len(ids))
+                history, messages = self.rebuild(framing, items)
+                ids = framing.session_ids(messages, text)
+                if history.length + len(ids) > limit:
+                    raise EvaluationError(
+                        f"{conversation.sample_id}: session {session.number} does not fit in {limit} history tokens"
+                    )
+            history.extend(ids, "conversation")
+            messages.append(("user", text))
+            items.append(("session", text, session.number))
+            window = {number for kind, _, number in items if kind == "session"}
+            for question in (q for q in questions if asked_after[q.index] == session.number):
+                prompt = question_prompt(conversation, question)
+                question_ids = framing.question_ids(messages, prompt)
+                self.ask(history, question_ids, question, self.cells, turn, window)
+                self.append_turn(framing, history, messages, question_ids, prompt, gold_answer(question))
+                items.append(("turn", (prompt, gold_answer(question)), session.number))
+                turn += 1
+
+    def rebuild(self, framing: Framing, items: list[tuple[str, object, int]]) -> tuple[History, list[Message]]:
+        """A fresh history of the stream's ``items`` (one prefill per item, the teacher-forced kinds as usual)."""
+        history, messages = self.history(self.cells), []
+        history.extend(framing.start_ids(), "conversation")
+        for kind, content, _ in items:
+            if kind == "session":
+                history.extend(framing.session_ids(messages, content), "conversation")
+                messages.append(("user", content))
+            else:
+                prompt, answer = content
+                self.append_turn(framing, history, messages, framing.question_ids(messages, prompt), prompt, answer)
+        return history, messages
+
+    def ask(
+        self, history: History, question_ids: list[int], question: Question, cells: list[Cell], turn: int, window: set
+    ) -> None:
+        """Answer the cells that lack a row for ``question`` from ``history``, and store their rows."""
+        missing = [cell for cell in cells if cell_key(self.conversation, question, cell) not in self.store]
+        if missing:
+            visible = bool(question.evidence_sessions) and question.evidence_sessions <= window
+            for row in self.answer(history, question_ids, question, missing, turn, visible):
+                self.store.append(row)
+                self.bar.update()
 
     @staticmethod
     def append_turn(
         framing: Framing,
         history: History,
-        turns: list[tuple[str, str]],
-        prompt: str,
+        messages: list[Message],
         question_ids: list[int],
+        prompt: str,
         answer: str,
     ) -> None:
         history.extend(question_ids, "question")
-        history.extend(framing.answer_ids(turns, prompt, answer), "answer")
-        turns.append((prompt, answer))
+        history.extend(framing.answer_ids(messages, prompt, answer), "answer")
+        messages += [("user", prompt), ("assistant", answer)]
 
     def answer(
         self,
@@ -168,7 +252,7 @@ class ConversationRun:
         question: Question,
         cells: list[Cell],
         turn: int,
-        answerable: bool,
+        visible: bool,
     ) -> list[dict]:
         """The rows of ``cells`` for one question: each cell's cache compressed from the history, all decoded in
         one batch."""
@@ -178,7 +262,7 @@ class ConversationRun:
             self.model, caches, torch.tensor([question_ids]), history.length, self.config.max_new_tokens, self.stop
         )
         return [
-            self.row(question, cell, ratio, history.length, cache.get_seq_length(), tokens, turn, answerable)
+            self.row(question, cell, ratio, history.length, cache.get_seq_length(), tokens, turn, visible)
             for cell, ratio, cache, tokens in zip(cells, ratios, caches, generated, strict=True)
         ]
 
@@ -191,7 +275,7 @@ class ConversationRun:
         kept_tokens: int,
         generated: list[int],
         turn: int,
-        answerable: bool,
+        visible: bool,
     ) -> dict:
         press_name, budget = cell
         prediction = self.tokenizer.decode(generated, skip_special_tokens=True).strip()
@@ -213,13 +297,26 @@ class ConversationRun:
             "compression_ratio": ratio,
             "history_tokens": history_tokens,
             "kept_tokens": kept_tokens,
-            "answerable": answerable,
+            "evidence_visible": visible,
+            "placement": self.config.placement,
             "history_mode": self.config.history,
             "rmm_weights": self.config.rmm_weights,
             "prediction": prediction,
             "scored_prediction": scored,
             "score": score(question.category, scored, gold_answer(question)),
         }
+
+
+def newest_items(items: list[tuple[str, object, int]], framing: Framing, budget: int) -> list[tuple[str, object, int]]:
+    """The newest whole sessions of the stream (each with the turns asked after it) that fit in ``budget`` tokens."""
+    sizes = []
+    for kind, content, _ in items:
+        sizes.append(len(framing.encode(content if kind == "session" else " ".join(content))))
+    starts = [i for i, (kind, _, _) in enumerate(items) if kind == "session"]
+    for start in starts:
+        if sum(sizes[start:]) <= budget:
+            return items[start:]
+    return []
 
 
 def run_conversation(
@@ -233,7 +330,7 @@ def run_conversation(
     model, tokenizer = loaded
     conversation: Conversation = unit.payload
     missing = sum(key not in store for key in unit.keys)
-    with tqdm(total=missing, desc=conversation.sample_id, unit="answer", leave=False) as bar:
+    with tqdm(total=missing, desc=conversation.sample_id, unit="answer", leave=False, disable=not interactive()) as bar:
         ConversationRun(config, model, tokenizer, cells).run(conversation, store, bar)
 
 
@@ -259,20 +356,34 @@ def run(config: LoCoMoConfig, backend: Backend = LOCAL) -> Path:
     return config.output
 
 
+OVERALL = "overall (1-4)"
+VISIBLE = "evidence visible"
+
+
 def conditions(row: dict) -> list[str]:
-    """The scorecard conditions a LoCoMo row counts in: overall, its turn regime, answerable, its category."""
+    """The scorecard conditions a LoCoMo row counts in: categories 1-4 overall, by turn regime, with the
+    evidence visible, and by category; adversarial questions (5), scored by their own rule, only apart."""
+    category = f"{CATEGORIES[row['category']]} ({row['category']})"
+    if row["category"] == 5:
+        return [category]
     regime = "first turn" if row["turn"] == 0 else "later turns"
-    answerable = ["answerable"] if row["answerable"] else []
-    return ["overall", regime, *answerable, f"{CATEGORIES[row['category']]} ({row['category']})"]
+    return [OVERALL, regime, *([VISIBLE] if row["evidence_visible"] else []), category]
 
 
 CONDITION_ORDER = [
-    "overall",
+    OVERALL,
     "first turn",
     "later turns",
-    "answerable",
+    VISIBLE,
     *(f"{CATEGORIES[c]} ({c})" for c in PAPER_ORDER),
 ]
+
+
+def visibility(rows: list[dict]) -> str:
+    """How many of the questions had their evidence inside the history the model saw."""
+    questions = {(row["conversation"], row["question_index"]): row["evidence_visible"] for row in rows}
+    visible, total = sum(questions.values()), len(questions)
+    return f"evidence inside the history for {visible} of {total} questions ({100 * visible / total:.0f}%)"
 
 
 def locomo_entries(rows: list[dict]) -> list[Entry]:
@@ -284,5 +395,6 @@ def locomo_entries(rows: list[dict]) -> list[Entry]:
 def write_locomo_scorecard(output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]) -> None:
     if rows:
         labels = [b.label for b in budgets]
-        write_tables(output, locomo_entries(rows), presses, labels, f"LoCoMo streaming: {output.name}", "F1", digits=3)
+        metric = f"F1 ({rows[0]['placement']} placement; {visibility(rows)})"
+        write_tables(output, locomo_entries(rows), presses, labels, f"LoCoMo streaming: {output.name}", metric, 3)
         plot_by_turn(output / "scorecard.png", rows, presses, labels)

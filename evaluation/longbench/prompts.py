@@ -36,7 +36,8 @@ def build_prompt(
     example: Example, config: TaskConfig, tokenizer: PreTrainedTokenizerBase, max_length: int, query_aware: bool
 ) -> Prompt:
     """Fill the task template, truncate it to ``max_length`` tokens, wrap it in the chat template (except
-    for the raw-completion tasks), then split it right after the context unless ``query_aware``."""
+    for the raw-completion tasks), tokenize it, then split the tokens right after the context unless
+    ``query_aware``."""
     text, truncated = middle_truncate(
         config.prompt.format(context=example.context, input=example.input), tokenizer, max_length
     )
@@ -49,8 +50,9 @@ def build_prompt(
     cut = len(text) if query_aware else text.rfind(question)
     if cut < 0:
         raise ValueError(f"{example.task} {example.id}: the question part of the template is not in the prompt")
-
-    def encode(part: str, special: bool) -> torch.Tensor:
-        return torch.tensor([tokenizer.encode(part, add_special_tokens=special)], dtype=torch.long)
-
-    return Prompt(encode(text[:cut], not chat), encode(text[cut:], False), truncated)
+    encoded = tokenizer(text, add_special_tokens=not chat, return_offsets_mapping=True)
+    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    # the prompt is tokenized once and split at the first token that ends after the cut, so the context and the
+    # question together are exactly the query-aware tokens (a token spanning the cut goes with the question)
+    split = next((i for i, (_, end) in enumerate(offsets) if end > cut), len(ids))
+    return Prompt(torch.tensor([ids[:split]]), torch.tensor([ids[split:]]), truncated)

@@ -24,7 +24,7 @@ from evaluation.longbench.data import Example, TaskConfig, check_tasks, load_con
 from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
 from evaluation.metrics.longbench import sample_score
 from evaluation.models import load_model_or_explain
-from evaluation.press_registry import attn_implementation, check_presses, make_press
+from evaluation.press_specs import attn_implementation, check_presses, make_press
 from evaluation.run_record import RunRecord
 from evaluation.scorecard import Entry, entries_from_rows, plot_by_budget, with_average, write_tables
 from evaluation.store import ResultStore
@@ -143,9 +143,11 @@ def run_shared(
     """The shared path for one example's cells: one full-cache prefill, each press's cache derived from it,
     one batched decode of them all. Every cell's press must be one ``History.supports``."""
     model.set_attn_implementation("sdpa")
-    history = History(model, frozenset({"context"}))
+    length = prompt.context_ids.shape[1]
+    presses = [make_press(name, ratio_for(budget, length)) for name, budget in cells]
+    history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
-    caches = [history.compress(make_press(name, ratio_for(budget, history.length)))[0] for name, budget in cells]
+    caches = [history.compress(press)[0] for press in presses]
     kept = [cache.get_seq_length() for cache in caches]
     generated = decode_batch(
         model,
@@ -182,7 +184,8 @@ def run_example(
     prompt = build_prompt(
         example, task_config, tokenizer, prompt_budget(config, model, tokenizer, task_config), config.query_aware
     )
-    shared = [cell for cell in todo if config.path == "shared" and shares_prefill(cell[0])]
+    engine = config.path == "shared" and History.serves(model)
+    shared = [cell for cell in todo if engine and shares_prefill(cell[0])]
     if shared:
         for row in run_shared(model, tokenizer, config, task_config, example, prompt, shared):
             store.append(row)

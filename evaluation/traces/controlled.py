@@ -3,14 +3,18 @@
 N items arrive one per step; U of them, chosen at random, are useful. A useful item is used once at a delay
 d <= H after it arrives (its signal) and again at a far test time T; useless items are never used; at
 arrival the two look the same. Every step also spreads one unit of background attention evenly over the
-cached items (what accumulated attention accumulates besides uses). After the last arrival the stream runs
-H more steps, so every signal has happened, and test recall is the share of useful items held at T.
+cached items (what accumulated attention accumulates besides uses). After the last item, H more steps pass
+(H items that are never used arrive), so every signal has happened; test recall is the share of useful items
+held, outside the provisional buffer, at T.
 
-Policies, each with K committed slots: recency (the K newest), accumulated use (evict the least attended,
-an H2O-style filter), a predictor that labels each item at arrival and is right with probability p, the
-lag-H smoother (a provisional buffer of the H newest items, committing an item only if it was used while
-provisional), and Belady (evicts the item whose next use is farthest). Theory: the smoother and Belady reach
-min(1, K / U); online filters hold about K / N of the useful items.
+Policies, each with K committed slots: recency (the K newest), a predictor that labels each item at arrival
+and is right with probability p, Belady (evicts the item whose next use is farthest), and two presses run one
+arrival at a time on the stream's attention rows (``StreamedPress``, as the eviction lab runs them):
+``smoother`` is ``RMMPress(lag=H)`` with K + H slots (its H newest are the provisional buffer), ``h2o`` is
+H2O's score (attention summed since arrival over the rows counted) as ``RMMPress(lag=None,
+correctness="uniform")`` computes it, which keeps exactly what ``ObservedAttentionPress`` keeps (tested), with
+K slots. Theory: the smoother and Belady reach min(1, K / U); online filters hold about K / N of the useful
+items.
 """
 
 from __future__ import annotations
@@ -20,9 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 
-POLICIES = ("recency", "accumulated", "predictor", "smoother", "belady")
+from evaluation.traces.streamed import StreamedPress
+from presses import RMMPress
+
+POLICIES = ("recency", "h2o", "predictor", "smoother", "belady")
+PRESSES = ("h2o", "smoother")
 NEVER = np.iinfo(np.int64).max
 
 
@@ -44,36 +53,22 @@ def stream(setting: Setting, rng: np.random.Generator) -> tuple[np.ndarray, np.n
 
 
 def simulate(policy: str, setting: Setting, seed: int) -> float:
-    """Test recall of one policy on one random stream."""
+    """Test recall of recency, the predictor or Belady on one random stream."""
     rng = np.random.default_rng(seed)
     useful, signal = stream(setting, rng)
     predicted = np.where(rng.random(setting.items) < setting.accuracy, useful, ~useful)
     test_time = setting.items + setting.lag
     cached: list[int] = []
-    score = np.zeros(setting.items)
-    provisional: list[int] = []
-    for step in range(test_time):
-        if step < setting.items:
-            (provisional if policy == "smoother" else cached).append(step)
-        used = np.flatnonzero(signal == step)
-        if policy == "smoother":
-            score[used] += 1
-            while provisional and step - provisional[0] >= setting.lag:
-                item = provisional.pop(0)
-                if score[item] > 0:
-                    cached.append(item)
-        elif policy == "accumulated":
-            score[cached] += 1 / len(cached) if cached else 0
-            score[[item for item in used if item in cached]] += 1
+    for step in range(setting.items):
+        cached.append(step)
         while len(cached) > setting.capacity:
-            cached.remove(victim(policy, cached, score, predicted, signal, step, test_time, useful))
+            cached.remove(victim(policy, cached, predicted, signal, step, test_time, useful))
     return float(useful[cached].sum() / setting.useful)
 
 
 def victim(
     policy: str,
     cached: list[int],
-    score: np.ndarray,
     predicted: np.ndarray,
     signal: np.ndarray,
     step: int,
@@ -86,12 +81,37 @@ def victim(
     if policy == "belady":
         next_use = [signal[i] if signal[i] > step else (test_time if useful[i] else NEVER) for i in cached]
         return cached[int(np.argmax(next_use))]
-    keys = score[cached] if policy in ("accumulated", "smoother") else predicted[cached].astype(float)
-    return cached[int(np.argmin(keys))]
+    return cached[int(np.argmin(predicted[cached].astype(float)))]
+
+
+def press_recalls(policy: str, setting: Setting, seeds: int) -> np.ndarray:
+    """Test recall of a press-run policy on the streams of seeds 0..seeds-1, run side by side."""
+    lag = setting.lag if policy == "smoother" else None
+    budget = setting.capacity + (setting.lag if policy == "smoother" else 0)
+    streams = [stream(setting, np.random.default_rng(seed)) for seed in range(seeds)]
+    useful = torch.tensor(np.stack([u for u, _ in streams]))
+    signal = torch.tensor(np.stack([np.append(s, [NEVER] * setting.lag) for _, s in streams]))
+
+    def rows(step: int, held: torch.Tensor) -> torch.Tensor:
+        """The step's attention over the held items that have arrived: its uses plus one unit spread evenly."""
+        arrived = held <= step
+        return ((signal.gather(1, held) == step).double() + 1 / arrived.sum(1, keepdim=True)) * arrived
+
+    first = torch.arange(budget).expand(seeds, -1)
+    prefix = torch.stack([rows(step, first) for step in range(budget)], dim=1)
+    press = RMMPress(lag=lag, correctness="uniform")
+    streamed = StreamedPress(press, budget, prefix)
+    for step in range(budget, setting.items + setting.lag):
+        candidates = torch.cat([streamed.held, torch.full((seeds, 1), step)], dim=1)
+        streamed.step(step, rows(step, candidates))
+    committed = streamed.held[streamed.held < setting.items].view(seeds, -1)
+    return (useful.gather(1, committed).sum(1) / setting.useful).numpy()
 
 
 def recall(policy: str, setting: Setting, seeds: int = 20) -> float:
     """Mean test recall over ``seeds`` random streams (seeds 0..seeds-1: deterministic)."""
+    if policy in PRESSES:
+        return float(press_recalls(policy, setting, seeds).mean())
     return float(np.mean([simulate(policy, setting, seed) for seed in range(seeds)]))
 
 

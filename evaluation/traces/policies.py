@@ -1,16 +1,17 @@
-"""Eviction policies replayed on a trace, each the same rule as its press.
+"""Eviction policies replayed on a trace, each the rule of a press, run by the press itself.
 
-A policy scores positions 0..t at step t from the trace (higher is kept), each group on its own. The policies
-that have a press call that press's own ``score`` on the trace's rows, through a stand-in layer whose only
-attribute is the head count:
+At step t a policy evicts one of the held positions 0..t of each group. Every policy but Belady is a press:
 
-- TOVA reads the newest row, per group: on a head-averaged trace (one group per layer, the mean over its
-  heads) that is TOVA's rule; on a ``--per-kv-group`` trace, its per-KV-group form;
-- ``ObservedAttentionPress`` reads the running column sums (its score reads only ``attentions.sum(2)``);
-- SnapKV reads its window's rows, StreamingLLM nothing;
-- RMM its ``demonstrated_utility`` of the lag-limited, correctness-weighted column sums.
+- stateless presses score positions from the trace's rows through their own ``score``, on a stand-in layer
+  whose only attribute is the head count: TOVA the newest row (on a head-averaged trace, one group per
+  layer, that is TOVA's rule; on a ``--per-kv-group`` trace, its per-KV-group form), ``h2o``
+  (``ObservedAttentionPress``, the same press the protocols call ``h2o``) the running column sums, SnapKV its
+  window's rows, StreamingLLM nothing. ``h2o-recentW`` is H2O's score with the W newest positions protected,
+  the recent window of the original H2O paper, under its own name;
+- RMM, whose smoother carries state from step to step, is driven one arrival at a time as ``DecodingPress``
+  drives it (``StreamedPress``): the lag sweep measures the very press users run.
 
-H2O with a recent window and plain accumulation have no KVPress press; Belady knows the future.
+Belady knows the future.
 """
 
 from __future__ import annotations
@@ -22,27 +23,28 @@ import torch
 from kvpress import ObservedAttentionPress, ScorerPress, SnapKVPress, StreamingLLMPress
 
 from evaluation.budgets import Budget
+from evaluation.press_specs import reads
+from evaluation.traces.streamed import StreamedPress
 from presses import RMMPress, TOVAPress
 
 DEFAULT_THRESHOLD = 0.01  # a position is requested (used) at step t when it receives at least this attention
 H2O_WINDOW = 32
 LAG_SWEEP = (0, 1, 4, 16, 64, 256)
+PROTECTED = torch.finfo(torch.float32).max  # +inf scores (never evict) stay above every unheld position
 
 
 @dataclass
 class LayerTrace:
-    """One layer's rows and the sums every policy reads, shapes (groups, length, length)."""
+    """One layer's rows and the sums the policies read, shapes (groups, length, length)."""
 
     rows: torch.Tensor
     correct: torch.Tensor  # (length,)
     threshold: float = DEFAULT_THRESHOLD
     cumulative: torch.Tensor = field(init=False)  # [:, t, k] = sum of rows 0..t
-    weighted_cumulative: torch.Tensor = field(init=False)  # the same with each row weighted by its correctness
     next_use: torch.Tensor = field(init=False)  # [:, t, k] = the first step after t that uses k (length: never)
 
     def __post_init__(self) -> None:
         self.cumulative = self.rows.cumsum(1)
-        self.weighted_cumulative = (self.rows * self.correct[None, :, None]).cumsum(1)
         uses = self.rows >= self.threshold
         next_use = torch.full_like(self.rows, self.length, dtype=torch.int32)
         for t in range(self.length - 2, -1, -1):
@@ -61,67 +63,75 @@ class LayerTrace:
 class Policy:
     name: str
 
-    def scores(self, trace: LayerTrace, t: int, budget: int) -> torch.Tensor:
-        """Scores of positions 0..t at step t, shape (groups, t + 1); the lowest held one is evicted."""
+    def start(self, trace: LayerTrace, budget: int) -> None:
+        """Called once before step ``budget``, when positions 0..budget-1 are held."""
+
+    def evict(self, trace: LayerTrace, t: int, held: torch.Tensor) -> torch.Tensor:
+        """The position each group evicts at step t, (groups,); ``held`` (groups, t + 1) includes t."""
+        scores = self.scores(trace, t).float().clamp(max=PROTECTED)
+        return scores.masked_fill(~held, float("inf")).argmin(-1)
+
+    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
+        """Scores of positions 0..t at step t, (groups, t + 1): the lowest held one is evicted."""
         raise NotImplementedError
+
+
+ROWS = {"newest_row": "newest", "column_sums": "cumulative", "window": "window", "nothing": "none"}
 
 
 @dataclass
 class PressPolicy(Policy):
-    """A KVPress scorer on trace rows: ``rows`` says which rows its ``attentions`` argument gets."""
+    """A stateless KVPress scorer on trace rows, handed the rows its score reads (``press_specs.reads``);
+    ``recent`` newest positions are never evicted (0: none)."""
 
     name: str
     press: ScorerPress
-    rows: str  # "newest", "cumulative", "window" or "none"
+    recent: int = 0
+    budget: int = field(default=0, init=False, repr=False)
 
-    def scores(self, trace: LayerTrace, t: int, budget: int) -> torch.Tensor:
+    def start(self, trace: LayerTrace, budget: int) -> None:
+        self.budget = budget
+
+    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
         n, groups = t + 1, trace.groups
         layer = SimpleNamespace(config=SimpleNamespace(num_attention_heads=groups))
         keys = torch.zeros(1, groups, n, 1)
-        if self.rows == "newest":
+        rows = ROWS[reads(self.press)]
+        if rows == "newest":
             attentions = trace.rows[None, :, t : t + 1, :n]
-        elif self.rows == "cumulative":
+        elif rows == "cumulative":
             attentions = trace.cumulative[None, :, t : t + 1, :n]
-        elif self.rows == "window":
+        elif rows == "window":
             attentions = trace.rows[None, :, n - self.press.window_size : n, :n]
         else:
             attentions = None
-        self.press.compression_ratio = Budget("tokens", budget).compression_ratio(n)
-        return self.press.score(layer, torch.zeros(1, n, 1), keys, keys, attentions, {})[0]
+        self.press.compression_ratio = Budget("tokens", self.budget).compression_ratio(n)
+        scores = self.press.score(layer, torch.zeros(1, n, 1), keys, keys, attentions, {})[0]
+        if self.recent:
+            scores[:, -self.recent :] = float("inf")
+        return scores
 
 
 @dataclass
-class RMMPolicy(Policy):
-    """RMM with commit lag H: demonstrated utility over rows [k, k + H], the last H positions provisional."""
+class StreamedPolicy(Policy):
+    """RMM at a commit lag, its press run one arrival at a time on the trace (``StreamedPress``), with the
+    trace's teacher-forced correctness as row weights (or uniform ones)."""
 
     name: str
     lag: int | None
     teacher_forced: bool = True
+    stream: StreamedPress | None = field(default=None, init=False, repr=False)
 
-    def scores(self, trace: LayerTrace, t: int, budget: int) -> torch.Tensor:
-        n = t + 1
-        sums = trace.weighted_cumulative if self.teacher_forced else trace.cumulative
-        if self.lag is None:
-            window_sums = sums[:, t, :n]
-        else:
-            keys = torch.arange(n)
-            window_sums = sums[:, (keys + self.lag).clamp(max=t), keys]
-        press = RMMPress(lag=self.lag, correctness="teacher_forced" if self.teacher_forced else "uniform")
-        return press.demonstrated_utility(window_sums[None], n, trace.groups)[0]
+    def start(self, trace: LayerTrace, budget: int) -> None:
+        correctness = trace.correct[None] if self.teacher_forced else "uniform"
+        press = RMMPress(lag=self.lag, correctness=correctness)
+        self.stream = StreamedPress(press, budget, trace.rows[:, :budget, :budget])
 
-
-@dataclass
-class AccumulatedPolicy(Policy):
-    """Accumulated attention (H2O's heavy-hitter score), the last ``window`` positions always kept."""
-
-    name: str
-    window: int = 0
-
-    def scores(self, trace: LayerTrace, t: int, budget: int) -> torch.Tensor:
-        scores = trace.cumulative[:, t, : t + 1].clone()
-        if self.window:
-            scores[:, -self.window :] = float("inf")
-        return scores
+    def evict(self, trace: LayerTrace, t: int, held: torch.Tensor) -> torch.Tensor:
+        before = torch.cat([self.stream.held, torch.full((trace.groups, 1), t)], dim=1)
+        after = self.stream.step(t, trace.rows[:, t].gather(1, before))
+        gone = ~(before[:, :, None] == after[:, None, :]).any(-1)
+        return before[gone]
 
 
 class BeladyPolicy(Policy):
@@ -129,22 +139,28 @@ class BeladyPolicy(Policy):
 
     name = "belady"
 
-    def scores(self, trace: LayerTrace, t: int, budget: int) -> torch.Tensor:
+    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
         return -trace.next_use[:, t, : t + 1].float()
 
 
 def default_policies(h2o_window: int = H2O_WINDOW) -> list[Policy]:
+    windowed = [PressPolicy(f"h2o-recent{h2o_window}", ObservedAttentionPress(), h2o_window)]
     return [
-        PressPolicy("tova", TOVAPress(per_kv_group=True), "newest"),
-        AccumulatedPolicy("h2o", h2o_window),
-        AccumulatedPolicy("accumulated"),
-        PressPolicy("observed_attention", ObservedAttentionPress(), "cumulative"),
-        PressPolicy("snapkv", SnapKVPress(), "window"),
-        PressPolicy("streaming_llm", StreamingLLMPress(), "none"),
-        RMMPolicy("rmm", None),
+        PressPolicy("tova", TOVAPress(per_kv_group=True)),
+        PressPolicy("h2o", ObservedAttentionPress()),
+        *(windowed if h2o_window else []),
+        PressPolicy("snapkv", SnapKVPress()),
+        PressPolicy("streaming_llm", StreamingLLMPress()),
+        StreamedPolicy("rmm", None),
         BeladyPolicy(),
     ]
 
 
 def lag_sweep() -> list[Policy]:
-    return [RMMPolicy(f"rmm-H{lag}", lag) for lag in LAG_SWEEP]
+    return [StreamedPolicy(f"rmm-H{lag}", lag) for lag in LAG_SWEEP]
+
+
+def runnable(policy: Policy, budget: int) -> bool:
+    """A lag that leaves no committed slot at this budget is refused by the press: not run."""
+    lag = getattr(policy, "lag", None)
+    return lag is None or lag < budget

@@ -22,7 +22,7 @@ from evaluation.history import forward_capturing_layer_inputs
 from evaluation.locomo.data import load_conversations
 from evaluation.locomo.render import render_conversation
 from evaluation.models import cache_root
-from presses.attention import attention_row_chunks, group_mean
+from presses.attention import attention_rows, group_mean
 from presses.teacher_forcing import teacher_forced_correctness
 
 SOURCES = ("multi_news", "locomo")
@@ -53,10 +53,9 @@ def record(model: PreTrainedModel, token_ids: list[int], name: str, per_kv_group
         keys = cache.layers[index].keys
         groups = keys.shape[1] if per_kv_group else 1
         rows = torch.zeros(groups, len(token_ids), len(token_ids))
-        for positions, probs in attention_row_chunks(
-            layer.self_attn, layer_input, keys, {"position_embeddings": rotary}
-        ):
-            rows[:, positions, : probs.shape[-1]] = group_mean(probs.float(), groups)[0].cpu()
+        chunks = attention_rows(layer.self_attn, layer_input, keys, None, {"position_embeddings": rotary}).chunks
+        for first, probs in chunks:
+            rows[:, first : first + probs.shape[2], : probs.shape[-1]] = group_mean(probs, groups)[0].cpu()
         layers.append(rows)
     return Trace(name, token_ids, correct, layers)
 

@@ -1,8 +1,9 @@
 """Step-by-step replay of a policy on one layer's trace at a budget, and the trace-level metrics.
 
-From step ``budget`` on, each step admits the new position and the policy evicts its lowest-scored held
-position (ties evict the lower position), so B positions stay held. The groups of a trace are replayed side
-by side (each its own cache); stacking every layer's groups into one trace replays all layers at once.
+From step ``budget`` on, each step admits the new position and the policy evicts one held position (a scored
+policy its lowest-scored one, ties evicting the lower position), so B positions stay held. The groups of a
+trace are replayed side by side (each its own cache); stacking every layer's groups into one trace replays
+all layers at once.
 Metrics per group, over the steps where the cache is full (t >= B):
 
 - retained mass: the share of step t's full-cache attention on what the policy holds at step t (the B
@@ -20,8 +21,6 @@ from dataclasses import dataclass
 import torch
 
 from evaluation.traces.policies import LayerTrace, Policy
-
-PROTECTED = torch.finfo(torch.float32).max  # +inf scores (never evict) stay above every unheld position
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,7 @@ def replay(trace: LayerTrace, policy: Policy, budget: int) -> Replay:
     held[:, :budget] = True
     mass, hits, requests = torch.zeros(groups), torch.zeros(groups), torch.zeros(groups)
     every_group = torch.arange(groups)
+    policy.start(trace, budget)
     for t in range(budget, length):
         held[:, t] = True
         row, now = trace.rows[:, t, : t + 1], held[:, : t + 1]
@@ -49,8 +49,7 @@ def replay(trace: LayerTrace, policy: Policy, budget: int) -> Replay:
         uses = row[:, :t] >= trace.threshold
         hits += (uses & now[:, :t]).sum(-1)
         requests += uses.sum(-1)
-        scores = policy.scores(trace, t, budget).float().clamp(max=PROTECTED).masked_fill(~now, float("inf"))
-        held[every_group, scores.argmin(-1)] = False
+        held[every_group, policy.evict(trace, t, now)] = False
     heavy = torch.zeros_like(held).scatter_(1, trace.cumulative[:, -1].topk(budget, dim=-1).indices, True)
     return Replay(
         retained_mass=mass / (length - budget),

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.backends import LOCAL, Backend, Unit, run_units
+from evaluation.backends import LOCAL, Backend, Unit, interactive, run_units
 from evaluation.budgets import Budget
 from evaluation.errors import EvaluationError
 from evaluation.models import load_model_or_explain
@@ -24,7 +24,15 @@ from evaluation.run_record import RunRecord
 from evaluation.scorecard import Entry, entries_from_rows, write_tables
 from evaluation.store import ResultStore
 from evaluation.traces import controlled
-from evaluation.traces.policies import H2O_WINDOW, LAG_SWEEP, LayerTrace, Policy, default_policies, lag_sweep
+from evaluation.traces.policies import (
+    H2O_WINDOW,
+    LAG_SWEEP,
+    LayerTrace,
+    Policy,
+    default_policies,
+    lag_sweep,
+    runnable,
+)
 from evaluation.traces.record import Trace, load_or_record, parse_source, trace_name
 from evaluation.traces.replay import Replay, recent_share, replay
 
@@ -77,12 +85,6 @@ def metric_rows(trace: Trace, policy: Policy, budget: int, result: Replay) -> li
     return rows
 
 
-def runnable(policy: Policy, budget: int) -> bool:
-    """A lag whose provisional buffer fills the whole budget leaves nothing to commit: not run."""
-    lag = getattr(policy, "lag", None)
-    return lag is None or lag < budget
-
-
 def summary_row(trace: Trace, spec: str, stacked: LayerTrace) -> dict:
     """What the trace itself shows: its model's accuracy and how much attention stays near the newest token."""
     return {
@@ -111,7 +113,9 @@ def run_trace(
         for p, b in replay_cells(config)
         if (trace.name, p.name, Budget("tokens", b).key, METRICS[0]) not in store
     ]
-    for policy, budget in tqdm(todo, desc=f"replay {spec}", unit="policy x budget", leave=False):
+    for policy, budget in tqdm(
+        todo, desc=f"replay {spec}", unit="policy x budget", leave=False, disable=not interactive()
+    ):
         for row in metric_rows(trace, policy, budget, replay(stacked, policy, budget)):
             store.append(row)
 
@@ -137,7 +141,7 @@ def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
     units = [Unit(spec, spec, unit_keys(config, spec)) for spec in config.texts]
     load = partial(load_model_or_explain, config.model, device=config.device)
     outcome = run_units(units, partial(run_trace, config=config), load, store, backend, config.device)
-    write_traces_scorecard(config.output, store.rows, config.budgets)
+    write_traces_scorecard(config.output, store.rows, config.budgets, config.h2o_window)
     record.finish(outcome.ran, model=config.model, device=config.device, backend=backend.kind)
     outcome.raise_failures(backend.retries)
     return config.output
@@ -158,9 +162,9 @@ def traces_entries(rows: list[dict]) -> list[Entry]:
     return entries_from_rows(rows, conditions, scale=1, digits=3)
 
 
-def write_traces_scorecard(output: Path, rows: list[dict], budgets: list[int]) -> None:
+def write_traces_scorecard(output: Path, rows: list[dict], budgets: list[int], h2o_window: int) -> None:
     labels = [Budget("tokens", b).label for b in budgets]
-    main = [p.name for p in default_policies()]
+    main = [p.name for p in default_policies(h2o_window)]
     sweep = [p.name for p in lag_sweep()]
     entries = traces_entries(rows)
     write_tables(output, entries, main + sweep, labels, f"Traces: {output.name}", "Trace metrics, mean over layers", 3)
