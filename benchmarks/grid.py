@@ -1,7 +1,7 @@
 """Grid speed: the default LongBench grid on the shared path against the per-cell path, side by side.
 
-For each of the first ``--n`` multi_news examples (full default truncation), one process times the 13 cells
-of the default grid (7 presses x 2 budgets + full cache) twice: on the per-cell reference path (one
+For each of the first ``--n`` multi_news examples (full default truncation), one process times the 11 cells
+of the default grid (5 presses x 2 budgets + full cache) twice: on the per-cell reference path (one
 KVPress prefill and one batch-1 decode per cell, eager attention for H2O) and on the shared path (one
 full-cache prefill, every press's cache derived from it, one batched decode). The path that runs first
 alternates from example to example. Prints and writes each example's wall times, their ratio and the median
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=2, help="multi_news examples (default 2)")
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared/data/longbench")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/longbench")
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/grid.json")
     parser.add_argument("--ray-n", type=int, default=2, help="examples in the Ray rows (0: skip them)")
     parser.add_argument("--ray-max-length", type=int, default=2048)
@@ -47,7 +47,7 @@ def ray_workers(args: argparse.Namespace) -> dict:
     for repeat in range(args.repeats):
         for workers in (1, 2):
             with tempfile.TemporaryDirectory() as output:
-                command = [sys.executable, "-m", "evaluation", "longbench", "--data-dir", str(args.data_dir)]
+                command = [sys.executable, "-m", "evaluation", "longbench", "--data", str(args.data)]
                 command += ["--n", str(args.ray_n), "--max-length", str(args.ray_max_length), "--output", output]
                 command += ["--backend", "ray", "--workers", str(workers)]
                 start = time.perf_counter()
@@ -72,24 +72,25 @@ def shared_against_per_cell(args: argparse.Namespace) -> dict:
     from evaluation.longbench.data import load_configs, load_task
     from evaluation.longbench.prompts import build_prompt
     from evaluation.longbench.runner import LongBenchConfig, prompt_budget, run_cell, run_shared
-    from evaluation.models import SMOLLM2_ALIAS, load_model
+    from evaluation.models import ModelSettings
     from evaluation.press_specs import DEFAULT_PRESSES
 
-    model, tokenizer = load_model(SMOLLM2_ALIAS)
+    settings = ModelSettings()
+    model, tokenizer = settings.load()
     config = LongBenchConfig(
-        model=SMOLLM2_ALIAS,
+        model=settings,
         tasks=["multi_news"],
         presses=list(DEFAULT_PRESSES),
         budgets=parse_budgets(DEFAULT_RATIOS, None),
         n=args.n,
         query_aware=False,
-        data_dir=str(args.data_dir),
+        data_dir=str(args.data),
         output=Path(tempfile.mkdtemp()),
     )
-    task = load_configs(args.data_dir, config.tasks)["multi_news"]
+    task = load_configs(args.data, config.tasks)["multi_news"]
     cells = press_cells(config.presses, config.budgets, "")
     report: dict = {"cells": len(cells), "examples": []}
-    for index, example in enumerate(load_task(args.data_dir, "multi_news", args.n)):
+    for index, example in enumerate(load_task(args.data, "multi_news", args.n)):
         prompt = build_prompt(example, task, tokenizer, prompt_budget(config, model, tokenizer, task), False)
         seconds, predictions = {}, {}
         for path in ("shared", "per-cell") if index % 2 == 0 else ("per-cell", "shared"):

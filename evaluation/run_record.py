@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import platform
 import subprocess
@@ -35,35 +37,66 @@ def git_commit() -> str | None:
     return commit.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
 
 
-class RunRecord:
-    """Creates or resumes ``run.json``; refuses to resume a run whose results-defining settings differ."""
+def fingerprint(*paths: Path) -> dict[str, str]:
+    """The sha256 of each data file a run reads, by file name: a resumed run must read the same data."""
+    digests = {}
+    for path in paths:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        digests[path.name] = digest.hexdigest()
+    return digests
 
-    def __init__(self, output: Path, config: dict, defining: tuple[str, ...]) -> None:
+
+class RunRecord:
+    """Owns a run folder for one session: a lock that a crashed run does not leave held (the operating system
+    releases it with the process), and ``run.json``, written before the first cell and updated when the session
+    ends. A folder holding a run with other results-defining settings (or other data) is refused; ``defaults``
+    stand for settings an older run.json does not record."""
+
+    def __init__(self, output: Path, config: dict, defining: tuple[str, ...], defaults: dict | None = None) -> None:
         self.path = output / "run.json"
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+            self.lock = (output / ".lock").open("a")
+        except OSError as error:
+            raise EvaluationError(f"cannot write to {output} ({error.strerror}): pass another --output") from error
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as error:
+            self.lock.close()
+            raise EvaluationError(
+                f"another run is writing to {output} right now: wait for it to finish or pass another --output"
+            ) from error
         self.record = json.loads(self.path.read_text()) if self.path.exists() else {"config": config, "sessions": []}
-        changed = {key: (self.record["config"].get(key), config.get(key)) for key in defining}
+        stored = {**(defaults or {}), **self.record["config"]}  # a setting recorded before it existed: its default
+        changed = {key: (stored.get(key), config.get(key)) for key in defining}
         changed = {key: pair for key, pair in changed.items() if pair[0] != pair[1]}
         if changed:
+            self.lock.close()
             details = ", ".join(f"{key}: stored {old!r}, asked {new!r}" for key, (old, new) in changed.items())
             raise EvaluationError(f"{output} holds a run with other settings ({details}); pass another --output.")
         self.record["config"] = config
         self.started = time.time()
-        self.commit = git_commit()
+        self.session = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
+            "finished": False,
+            "versions": package_versions(),
+            "git_commit": git_commit(),
+        }
+        self.record["sessions"].append(self.session)
+        self.write()
 
-    def finish(self, units_run: int, **extra: object) -> None:
-        """Append this session (versions, commit, device, wall time) and write the file atomically."""
-        self.record["sessions"].append(
-            {
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
-                "wall_seconds": round(time.time() - self.started, 1),
-                "units_run": units_run,
-                "versions": package_versions(),
-                "git_commit": self.commit,
-                **extra,
-            }
-        )
-        self.record["total_wall_seconds"] = round(sum(s["wall_seconds"] for s in self.record["sessions"]), 1)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def write(self) -> None:
         staging = self.path.with_suffix(".json.tmp")
         staging.write_text(json.dumps(self.record, indent=2) + "\n")
         staging.replace(self.path)
+
+    def finish(self, units_run: int, **extra: object) -> None:
+        """Complete this session's entry (units run, wall time, device...) and release the folder."""
+        self.session.update(finished=True, wall_seconds=round(time.time() - self.started, 1), units_run=units_run)
+        self.session.update(extra)
+        self.record["total_wall_seconds"] = round(sum(s.get("wall_seconds", 0) for s in self.record["sessions"]), 1)
+        self.write()
+        self.lock.close()

@@ -1,176 +1,273 @@
-"""Scorecards: per-condition tables (csv and markdown) and plots.
+"""Scorecards: every (condition, budget, press) with a bootstrap interval over examples, the paired difference
+against a reference press with its verdict, as tables (csv, markdown) and pictures.
 
-A scorecard is a list of ``Entry`` (condition, budget, press, score, n). The protocol decides what a
-condition is (a LongBench task, a LoCoMo category) and how a cell's score is computed from its rows.
+A protocol says what its conditions are and what identifies an example (``Benchmark``); one run's scorecard and
+the combined scorecard across runs (``evaluation.comparison``) are the same computation. Cells a press could
+not run are counted (``failed``) and left out of the means and of the pairs.
 """
 
 from __future__ import annotations
 
-import csv
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from evaluation.press_specs import FULL_CACHE
-from evaluation.statistics import DEFAULT_RESAMPLES, DEFAULT_SEED, MIN_EXAMPLES_FOR_INTERVAL, bootstrap
+from evaluation.statistics import MIN_EXAMPLES_FOR_INTERVAL, bootstrap, paired
 
-AVERAGE = "average"
-MARKERS = "osD^vPX*"
+RESAMPLES, SEED = 10_000, 0
+VERDICT_COLORS = {"win": "#1b9e77", "tie": "#7f7f7f", "loss": "#d95f02"}
+MARKERS = "osD^vP*Xhp<>d8"
 
 
 @dataclass(frozen=True)
-class Entry:
-    condition: str
-    budget: str  # a budget label, or "full" for the uncompressed cache
-    press: str
-    score: float
-    n: int
-    low: float | None = None  # 95% bootstrap interval over examples (None for averages over conditions)
-    high: float | None = None
+class Benchmark:
+    name: str
+    conditions: Callable[[dict], list[str]]  # the conditions a row counts in
+    example_id: Callable[[dict], tuple]
+    scale: float  # LongBench reports 100 x mean, LoCoMo the mean F1
+    digits: int
+    order: tuple[str, ...] = ()  # the protocol's own order of its conditions, if it has one
 
 
-def entries_from_rows(
-    rows: list[dict],
-    conditions_of: Callable[[dict], list[str]],
-    scale: float,
-    digits: int,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
-) -> list[Entry]:
-    """One entry per (condition, budget, press): the mean row score times ``scale``, n, and a seeded
-    bootstrap interval over the examples (none for a single example, which has no spread to resample)."""
-    groups: dict[tuple[str, str, str], list[float]] = {}
-    for row in rows:
-        for condition in conditions_of(row):
-            groups.setdefault((condition, row["budget_label"], row["press"]), []).append(row["score"])
-    entries = []
-    for (condition, budget, press), scores in groups.items():
-        if len(scores) < MIN_EXAMPLES_FOR_INTERVAL:
-            entries.append(Entry(condition, budget, press, round(scale * scores[0], digits), 1))
-            continue
-        interval = bootstrap(np.array(scores), resamples, seed).scaled(scale)
-        low, high = round(interval.low, digits), round(interval.high, digits)
-        entries.append(Entry(condition, budget, press, round(interval.mean, digits), len(scores), low, high))
-    return entries
-
-
-def with_average(entries: list[Entry], conditions: list[str]) -> list[Entry]:
-    """Add, per (budget, press), the mean over conditions, where that press has every condition."""
-    if len(conditions) < 2:
-        return entries
-    averaged = []
-    for budget, press in dict.fromkeys((e.budget, e.press) for e in entries):
-        cell = [e for e in entries if e.budget == budget and e.press == press]
-        if {e.condition for e in cell} == set(conditions):
-            mean = round(sum(e.score for e in cell) / len(cell), 2)
-            averaged.append(Entry(AVERAGE, budget, press, mean, sum(e.n for e in cell)))
-    return entries + averaged
-
-
-def write_tables(
-    output: Path, entries: list[Entry], presses: list[str], budgets: list[str], title: str, metric: str, digits: int = 2
-) -> None:
-    """``scorecard.csv`` (long form) and ``scorecard.md`` (condition x budget rows, press columns)."""
-    conditions = list(dict.fromkeys(e.condition for e in entries))
-    output.mkdir(parents=True, exist_ok=True)
-    with (output / "scorecard.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["condition", "budget", "press", "score", "ci_low", "ci_high", "n"])
-        writer.writerows((e.condition, e.budget, e.press, e.score, e.low, e.high, e.n) for e in entries)
-    (output / "scorecard.md").write_text(markdown_table(entries, conditions, presses, budgets, title, metric, digits))
-
-
-def lookup(entries: Iterable[Entry], condition: str, budget: str, press: str) -> Entry | None:
-    budget = FULL_CACHE if press == FULL_CACHE else budget
-    return next((e for e in entries if (e.condition, e.budget, e.press) == (condition, budget, press)), None)
-
-
-def cell_text(entry: Entry | None, digits: int) -> str:
-    if entry is None:
-        return "-"
-    interval = "" if entry.low is None else f" [{entry.low:.{digits}f}, {entry.high:.{digits}f}]"
-    return f"{entry.score:.{digits}f}{interval} ({entry.n})"
-
-
-def markdown_table(
-    entries: list[Entry],
-    conditions: list[str],
-    presses: list[str],
-    budgets: list[str],
-    title: str,
-    metric: str,
-    digits: int,
-) -> str:
-    lines = [
-        f"# {title}",
-        "",
-        f"{metric}; each cell: score [95% bootstrap interval over examples] (n). The full cache is repeated on "
-        "every budget row.",
-        "",
+def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd.DataFrame:
+    """One line per (condition, budget, press, example): its score (NaN for a failed cell) and ``failed``."""
+    records = [
+        {
+            "condition": prefix + condition,
+            "budget": row["budget_label"],
+            "press": row["press"],
+            "example": benchmark.example_id(row),
+            "score": np.nan if row.get("error") else row["score"] * benchmark.scale,
+            "failed": bool(row.get("error")),
+        }
+        for row in rows
+        for condition in benchmark.conditions(row)
     ]
-    lines.append("| condition | budget | " + " | ".join(presses) + " |")
-    lines.append("|---|---|" + "---|" * len(presses))
-    for condition in conditions:
-        for budget in budgets:
-            cells = [lookup(entries, condition, budget, press) for press in presses]
-            text = [cell_text(e, digits) for e in cells]
-            lines.append(f"| {condition} | {budget} | " + " | ".join(text) + " |")
-    return "\n".join(lines) + "\n"
+    frame = pd.DataFrame(records, columns=["condition", "budget", "press", "example", "score", "failed"])
+    if frame.duplicated(["condition", "budget", "press", "example"]).any():
+        raise ValueError("an example appears twice for one condition, budget and press: the runs overlap")
+    frame["digits"] = benchmark.digits
+    return frame
 
 
-def plot_by_budget(path: Path, entries: list[Entry], presses: list[str], budgets: list[str], metric: str) -> None:
-    """Score against budget, one line per press (the full cache dashed), one panel per condition."""
-    conditions = list(dict.fromkeys(e.condition for e in entries))
-    columns = min(len(conditions), 3)
+def summarize(frame: pd.DataFrame, reference: str, resamples: int = RESAMPLES, seed: int = SEED) -> pd.DataFrame:
+    """Per (condition, budget, press): mean, 95% bootstrap interval, n, failed cells, and against ``reference``
+    at the same condition and budget the paired difference on the examples both ran, its interval and verdict
+    (win, tie when the interval contains 0, loss; "reference"; "n < 2"; "-" with nothing to compare)."""
+    keys = ["condition", "budget", "press"]
+    lines = []
+    for (condition, budget, press), group in frame.groupby(keys, sort=False):
+        ran = group.dropna(subset=["score"])
+        line = {"condition": condition, "budget": budget, "press": press, "n": len(ran)}
+        line |= {"failed": int(group["failed"].sum()), "digits": int(group["digits"].iloc[0])}
+        if len(ran):
+            interval = bootstrap(ran["score"].to_numpy(), resamples, seed)
+            line |= {"mean": interval.mean, "low": interval.low, "high": interval.high}
+        line["verdict"] = "reference" if press == reference else "-"
+        lines.append(line)
+    summary = pd.DataFrame(lines)
+    by_cell = {
+        key: dict(zip(group["example"], group["score"], strict=True)) for key, group in frame.groupby(keys, sort=False)
+    }
+    for index, line in summary.iterrows():
+        reference_scores = by_cell.get((line["condition"], line["budget"], reference))
+        if line["press"] in (reference, FULL_CACHE) or reference_scores is None:
+            continue
+        scores = by_cell[line["condition"], line["budget"], line["press"]]
+        label = f"{line['condition']}, {line['budget']}, {line['press']}"
+        valid = sum(not (np.isnan(scores[e]) or np.isnan(reference_scores.get(e, np.nan))) for e in scores)
+        if valid < MIN_EXAMPLES_FOR_INTERVAL:
+            summary.loc[index, "verdict"] = "n < 2"
+            continue
+        difference = paired(scores, reference_scores, label, resamples, seed)
+        summary.loc[index, ["diff", "diff_low", "diff_high"]] = difference.mean, difference.low, difference.high
+        summary.loc[index, "verdict"] = difference.verdict()
+    for column in ("mean", "low", "high", "diff", "diff_low", "diff_high"):
+        if column not in summary:
+            summary[column] = np.nan
+    return summary
+
+
+def wins_ties_losses(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per press, how many conditions it wins, ties and loses against the reference."""
+    verdicts = summary[summary["verdict"].isin(["win", "tie", "loss"])]
+    counts = pd.crosstab(verdicts["press"], verdicts["verdict"]).reindex(columns=["win", "tie", "loss"], fill_value=0)
+    return counts.reindex(list(dict.fromkeys(verdicts["press"])))
+
+
+def interval_text(mean: float, low: float, high: float, digits: int, signed: bool = False) -> str:
+    if pd.isna(mean):
+        return ""
+    sign = "+" if signed else ""
+    if pd.isna(low):
+        return f"{mean:{sign}.{digits}f}"
+    return f"{mean:{sign}.{digits}f} [{low:{sign}.{digits}f}, {high:{sign}.{digits}f}]"
+
+
+def cell_text(line: pd.Series) -> str:
+    if line["n"] == 0:
+        return f"failed ({line['failed']})"
+    low, high = (line["low"], line["high"]) if line["n"] >= MIN_EXAMPLES_FOR_INTERVAL else (np.nan, np.nan)
+    failed = f", {line['failed']} failed" if line["failed"] else ""
+    return f"{interval_text(line['mean'], low, high, line['digits'])} ({line['n']}{failed})"
+
+
+def write_scorecard(
+    output: Path,
+    summary: pd.DataFrame,
+    title: str,
+    note: str,
+    reference: str,
+    presses: list[str] | None = None,
+    budgets: list[str] | None = None,
+) -> None:
+    """``scorecard.csv`` (long form), ``scorecard.md`` (conditions x budgets by press, then the differences
+    against the reference with wins / ties / losses), ``scorecard.png`` (absolute scores) and ``forest.png``."""
+    output.mkdir(parents=True, exist_ok=True)
+    columns = ["condition", "budget", "press", "mean", "low", "high", "n", "failed"]
+    columns += ["diff", "diff_low", "diff_high", "verdict"]
+    summary[columns].to_csv(output / "scorecard.csv", index=False)
+    presses = presses or list(dict.fromkeys(summary["press"]))
+    budgets = budgets or [b for b in dict.fromkeys(summary["budget"]) if b != FULL_CACHE]
+    table = summary.assign(text=summary.apply(cell_text, axis=1))
+    full = table[table["press"] == FULL_CACHE].set_index("condition")["text"]
+    rows = []
+    for condition in dict.fromkeys(table["condition"]):
+        compressed = table[(table["condition"] == condition) & (table["press"] != FULL_CACHE)]
+        for budget in [b for b in budgets if b in set(compressed["budget"])] or budgets:
+            cells = table[(table["condition"] == condition) & (table["budget"] == budget)].set_index("press")["text"]
+            texts = [full.get(condition, "-") if press == FULL_CACHE else cells.get(press, "-") for press in presses]
+            rows.append(f"| {condition} | {budget} | " + " | ".join(texts) + " |")
+    lines = [f"# {title}", "", note, "", "![scores](scorecard.png)", ""]
+    lines += ["| condition | budget | " + " | ".join(presses) + " |", "|---|---|" + "---|" * len(presses), *rows]
+    counts = wins_ties_losses(summary)
+    if not counts.empty:
+        lines += ["", f"## Against {reference}", "", "![differences](forest.png)", ""]
+        lines += [f"Wins / ties / losses against {reference} (a tie is a paired interval that contains 0):", ""]
+        lines += [f"- {press}: {row['win']} / {row['tie']} / {row['loss']}" for press, row in counts.iterrows()]
+        compared = summary[summary["verdict"].isin(["win", "tie", "loss"])]
+        lines += [
+            "",
+            f"| condition | budget | press | difference vs {reference} | n | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        for _, line in compared.iterrows():
+            difference = interval_text(line["diff"], line["diff_low"], line["diff_high"], line["digits"], signed=True)
+            cells = [line["condition"], line["budget"], line["press"], difference, line["n"], line["verdict"]]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    (output / "scorecard.md").write_text("\n".join(lines) + "\n")
+    plot_scores(output / "scorecard.png", summary, presses, budgets)
+    plot_forest(output / "forest.png", summary, reference)
+
+
+def legend_handles(presses: list[str]) -> list[Line2D]:
+    return [
+        Line2D([], [], marker=MARKERS[i % len(MARKERS)], linestyle="", color="black", label=press)
+        for i, press in enumerate(presses)
+    ]
+
+
+def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: list[str]) -> Figure:
+    """Absolute scores against budget, one panel per condition: a line per press with its interval, the full
+    cache a dashed reference line; the legend sits below the panels."""
+    conditions = list(dict.fromkeys(summary["condition"]))
+    compressed = [press for press in presses if press != FULL_CACHE]
+    columns = min(3, len(conditions))
     rows = -(-len(conditions) // columns)
-    figure = Figure(figsize=(max(4.2 * columns, 7.5), 3.4 * rows + 0.8))
+    legend_rows = -(-len(presses) // 4)
+    figure = Figure(figsize=(3.6 * columns + 0.6, 2.7 * rows + 0.35 * legend_rows + 0.4), layout="constrained")
     axes = figure.subplots(rows, columns, squeeze=False)
+    colors = {press: f"C{i % 10}" for i, press in enumerate(compressed)}
     for axis, condition in zip(axes.flat, conditions, strict=False):
-        for index, press in enumerate(presses):
-            if press == FULL_CACHE:
-                full = lookup(entries, condition, budgets[0], press)
-                if full:
-                    axis.axhline(full.score, color="black", linestyle="--", linewidth=1, label="full cache")
-                continue
-            points = [(i, e.score) for i, b in enumerate(budgets) if (e := lookup(entries, condition, b, press))]
-            if points:
-                axis.plot(*zip(*points, strict=True), marker=MARKERS[index % len(MARKERS)], label=press, alpha=0.85)
-        axis.set_title(condition)
-        axis.set_xticks(range(len(budgets)), budgets)
-        axis.set_ylabel(metric)
+        chosen = summary[summary["condition"] == condition]
+        full = chosen[chosen["press"] == FULL_CACHE]
+        if len(full) and not pd.isna(full["mean"].iloc[0]):
+            axis.axhline(full["mean"].iloc[0], color="black", linestyle="--", linewidth=1)
+        for i, press in enumerate(compressed):
+            line = chosen[chosen["press"] == press].set_index("budget").reindex(budgets)
+            x = np.arange(len(budgets)) + (i - (len(compressed) - 1) / 2) * 0.04
+            errors = [(line["mean"] - line["low"]).to_numpy(), (line["high"] - line["mean"]).to_numpy()]
+            axis.errorbar(
+                x,
+                line["mean"].to_numpy(),
+                yerr=errors,
+                marker=MARKERS[i % len(MARKERS)],
+                color=colors[press],
+                capsize=2,
+                markersize=4,
+                linewidth=1,
+            )
+        axis.set_title(condition, fontsize=8)
+        axis.set_xticks(range(len(budgets)), budgets, fontsize=7)
+        axis.tick_params(axis="y", labelsize=7)
         axis.grid(alpha=0.3)
     for axis in list(axes.flat)[len(conditions) :]:
         axis.set_visible(False)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), frameon=False)
-    figure.tight_layout(rect=(0, 0.8 / figure.get_figheight() + 0.04, 1, 1))
+    handles = [Line2D([], [], color="black", linestyle="--", label="full cache")] if FULL_CACHE in presses else []
+    handles += [
+        Line2D([], [], marker=MARKERS[i % len(MARKERS)], color=colors[press], label=press)
+        for i, press in enumerate(compressed)
+    ]
+    figure.legend(handles=handles, loc="outside lower center", ncols=min(4, len(handles)), fontsize=7, frameon=False)
     figure.savefig(path, dpi=110)
+    return figure
 
 
-def plot_by_turn(path: Path, rows: list[dict], presses: list[str], budgets: list[str], window: int = 10) -> None:
-    """F1 against turn index, one line per press, one panel per budget: the mean over conversations of the
-    turns in a trailing window of ``window`` turns (single turns are too noisy to read)."""
-    figure = Figure(figsize=(6.5, 3.6 * len(budgets)))
-    axes = figure.subplots(len(budgets), 1, squeeze=False)[:, 0]
-    for axis, budget in zip(axes, budgets, strict=True):
-        for press in presses:
-            chosen = [r for r in rows if r["press"] == press and r["budget_label"] in (budget, FULL_CACHE)]
-            if not chosen:
-                continue
-            turns = sorted({r["turn"] for r in chosen})
-            means = []
-            for turn in turns:
-                scores = [r["score"] for r in chosen if turn - window < r["turn"] <= turn]
-                means.append(sum(scores) / len(scores))
-            style = {"color": "black", "linestyle": "--"} if press == FULL_CACHE else {}
-            axis.plot(turns, means, label="full cache" if press == FULL_CACHE else press, **style)
-        axis.set_title(f"budget {budget}")
-        axis.set_xlabel("turn index")
-        axis.set_ylabel(f"F1 (mean of {window} turns)")
-        axis.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, ncol=2)
-    figure.tight_layout()
+def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure | None:
+    """The paper's Figure 3 as a forest plot: a row per (condition, budget), a marker per press (its shape in the
+    legend) at its paired difference against the reference with its interval, coloured by verdict, around a zero
+    line. Benchmarks with their own scale (a condition prefix before the first space of ``LongBench ...``) get
+    panels of their own."""
+    compared = summary[summary["verdict"].isin(["win", "tie", "loss"])]
+    if compared.empty:
+        return None
+    presses = list(dict.fromkeys(compared["press"]))
+    groups = compared.groupby(compared["digits"], sort=False)
+    heights = [len(group.groupby(["condition", "budget"])) for _, group in groups]
+    legend_rows = -(-len(presses) // 4) + 1
+    figure = Figure(
+        figsize=(8.5, 0.32 * sum(heights) + 0.9 * len(heights) + 0.3 * legend_rows + 0.5), layout="constrained"
+    )
+    axes = figure.subplots(len(heights), 1, squeeze=False, height_ratios=[h + 1.5 for h in heights])[:, 0]
+    spread = 0.7 / max(len(presses), 1)
+    for axis, (_, group) in zip(axes, groups, strict=True):
+        rows = list(dict.fromkeys(zip(group["condition"], group["budget"], strict=True)))
+        for position, (condition, budget) in enumerate(rows):
+            for i, press in enumerate(presses):
+                line = group[
+                    (group["condition"] == condition) & (group["budget"] == budget) & (group["press"] == press)
+                ]
+                if line.empty:
+                    continue
+                line = line.iloc[0]
+                y = position + (i - (len(presses) - 1) / 2) * spread
+                errors = [[line["diff"] - line["diff_low"]], [line["diff_high"] - line["diff"]]]
+                color = VERDICT_COLORS[line["verdict"]]
+                axis.errorbar(
+                    line["diff"],
+                    y,
+                    xerr=errors,
+                    marker=MARKERS[i % len(MARKERS)],
+                    color=color,
+                    markersize=4,
+                    capsize=2,
+                    linewidth=1,
+                )
+        axis.axvline(0, color="black", linewidth=0.8)
+        axis.set_yticks(range(len(rows)), [f"{condition}, {budget}" for condition, budget in rows], fontsize=7)
+        axis.set_ylim(len(rows) - 0.5, -0.5)
+        axis.tick_params(axis="x", labelsize=7)
+        axis.set_xlabel(f"difference against {reference} (95% paired bootstrap interval)", fontsize=7)
+        axis.grid(alpha=0.3, axis="x")
+    verdicts = [Line2D([], [], marker="s", linestyle="", color=c, label=v) for v, c in VERDICT_COLORS.items()]
+    figure.legend(
+        handles=legend_handles(presses) + verdicts, loc="outside lower center", ncols=4, fontsize=7, frameon=False
+    )
     figure.savefig(path, dpi=110)
+    return figure

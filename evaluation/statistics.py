@@ -53,7 +53,8 @@ def paired(
 ) -> Interval:
     """The bootstrap interval of the per-example difference ``scores - reference``, paired by example id.
 
-    Both sides must cover exactly the same examples: unpaired ones are reported, never silently dropped.
+    Both sides must cover exactly the same examples: unpaired ones are reported, never silently dropped. A
+    cell that failed on either side (NaN) leaves its pair out.
     """
     missing, extra = sorted(set(reference) - set(scores), key=str), sorted(set(scores) - set(reference), key=str)
     if missing or extra:
@@ -62,4 +63,5 @@ def paired(
             f"{len(extra)} only in the compared press, e.g. {extra[:3]}); pair runs over the same examples"
         )
     ids = sorted(scores, key=str)
-    return bootstrap(np.array([scores[i] - reference[i] for i in ids]), resamples, seed)
+    differences = np.array([scores[i] - reference[i] for i in ids], dtype=np.float64)
+    return bootstrap(differences[~np.isnan(differences)], resamples, seed)

@@ -111,7 +111,9 @@ class Smoother:
         if valid is not None:
             window &= valid[:, None, :, None]
         contribution = probs.float() * weights.float()[:, None, :, None] * window
-        held = torch.zeros(contribution.shape[2], dtype=torch.bool) if unconfirmed is None else unconfirmed.cpu()
+        held = torch.zeros(contribution.shape[2], dtype=torch.bool, device=contribution.device)
+        if unconfirmed is not None:
+            held = unconfirmed.to(contribution.device)
         self.utility[..., :visible] += contribution[:, :, ~held].sum(2)
         self.rows[..., :visible] += window.sum(2)
         reached = probs > 0 if valid is None else (probs > 0) & valid[:, None, :, None]

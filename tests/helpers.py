@@ -26,9 +26,15 @@ TINY = {
 
 
 def tiny_model(
-    arch: str, attn_implementation: str, hidden_size: int = 64, vocab_size: int = 256, context: int = 1024
+    arch: str,
+    attn_implementation: str,
+    hidden_size: int = 64,
+    vocab_size: int = 256,
+    context: int = 1024,
+    **settings: object,
 ) -> PreTrainedModel:
-    """A 2-layer random model with grouped-query attention (4 query heads, 2 KV heads), same weights per seed."""
+    """A 2-layer random model with grouped-query attention (4 query heads, 2 KV heads), same weights per seed;
+    ``settings``: more config fields (a sliding window, say)."""
     config_class, model_class = TINY[arch]
     config = config_class(
         vocab_size=vocab_size,
@@ -41,6 +47,7 @@ def tiny_model(
         eos_token_id=2,
         pad_token_id=2,
         bos_token_id=1,
+        **settings,
     )
     torch.manual_seed(0)
     model = model_class(config).eval()

@@ -39,6 +39,17 @@ CONVERSATION = {
 }
 
 
+def test_evidence_sessions_read_the_variants_in_locomo10():
+    def sessions(evidence: list[str]) -> set[int]:
+        question = {"question": "?", "answer": "a", "evidence": evidence, "category": 1}
+        return parse_conversation({**CONVERSATION, "qa": [question]}).questions[0].evidence_sessions
+
+    assert sessions(["D1:14", "D:11:26", "D20:21"]) == {1, 11, 20}  # conv-43, question 18
+    assert sessions(["D9:1 D4:4 D4:6"]) == {4, 9}  # conv-49, question 31
+    assert sessions(["D8:6; D9:17"]) == {8, 9}  # conv-26, question 37
+    assert sessions(["D1:18", "D", "D1:20"]) == {1}  # conv-42, question 88
+
+
 def test_rendering_of_a_two_session_conversation():
     conversation = parse_conversation(CONVERSATION)
     assert [s.number for s in conversation.sessions] == [1, 2], "a date without a session is no session"
@@ -179,10 +190,27 @@ def test_evidence_placement_asks_each_question_after_its_last_evidence_session(m
     assert all(r["evidence_visible"] and r["placement"] == "evidence" for r in rows)
     tokens = [r["history_tokens"] for r in full]
     assert tokens[0] < tokens[1] < tokens[2] < tokens[3], "sessions and turns stream in"
+    assert min(tokens) > 200
+    larger = tmp_path / "larger"
+    budgets = ("--budgets", "200", str(max(tokens)))
+    assert locomo(model_dir, data_file, larger, "--placement", "evidence", "--presses", "full", "h2o", *budgets) == 0
+    evicted = f"evicted) for 4 of 4 at 200 tokens, 0 of 4 at {max(tokens)} tokens questions"
+    assert evicted in (larger / "scorecard.md").read_text(), "a budget as long as the history evicts nothing"
     filed = tmp_path / "file"
     assert locomo(model_dir, data_file, filed, "--presses", "full") == 0
     first = json.loads((filed / "predictions.jsonl").read_text().splitlines()[0])
     assert tokens[0] < first["history_tokens"], "the first question comes before the second session"
+
+
+def test_max_turns_takes_the_first_questions_in_the_order_the_placement_asks_them(model_dir, data_file, tmp_path):
+    asked = {}
+    for placement in ("file", "evidence"):
+        output = tmp_path / placement
+        extra = ("--placement", placement, "--presses", "full", "--max-turns", "2")
+        assert locomo(model_dir, data_file, output, *extra) == 0
+        rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+        asked[placement] = [r["question_index"] for r in rows]
+    assert asked == {"file": [0, 1], "evidence": [0, 2]}, "questions 0 and 2 are the two asked after session 1"
 
 
 def test_evidence_placement_restarts_from_the_newest_sessions_when_the_context_is_full(model_dir, data_file, tmp_path):
@@ -204,7 +232,7 @@ def test_model_history_mode_streams_each_cell_separately(model_dir, data_file, t
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--budgets", "0"], "token budget 0 must be a whole number of tokens > 0"),
+        (["--budgets", "0"], "argument --budgets: 0 is below 1"),
         (["--budgets", "100000"], "budget 100000 is not smaller than the history of conv-test"),
         (["--presses", "nosuch"], "press spec 'nosuch': unknown press 'nosuch'; known: AdaKVPress"),
         (["--conversations", "conv-99"], "unknown conversation(s) ['conv-99']; the data holds conv-test"),
@@ -222,7 +250,7 @@ def test_missing_or_malformed_data_file(model_dir, tmp_path, capsys):
     broken.write_text('[{"sample_id": "x",')
     assert locomo(model_dir, broken, tmp_path / "out") == 2
     error = capsys.readouterr().err
-    assert f"{broken}:1:" in error and "malformed JSON" in error
+    assert f"{broken}: not a readable JSON file" in error
     incomplete = tmp_path / "incomplete.json"
     incomplete.write_text(json.dumps([{"sample_id": "x", "qa": []}]))
     assert locomo(model_dir, incomplete, tmp_path / "out") == 2

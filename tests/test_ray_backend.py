@@ -54,7 +54,7 @@ def data(tmp_path_factory) -> Path:
 
 def longbench_argv(model_dir: Path, data: Path, output: Path) -> list[str]:
     return [
-        *("longbench", "--model", str(model_dir), "--data-dir", str(data / "longbench"), "--tasks", "hotpotqa"),
+        *("longbench", "--model", str(model_dir), "--data", str(data / "longbench"), "--tasks", "hotpotqa"),
         *("--presses", "full", "h2o", "tova", "rmm", "snapkv", "--ratios", "0.5", "--n", "4", "--output", str(output)),
     ]
 

@@ -17,7 +17,7 @@ from kvpress import (
     StreamingLLMPress,
 )
 from kvpress.utils import compute_n_kept
-from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache
 
 from evaluation.budgets import Budget
 from presses import RMMPress, TOVAPress
@@ -203,23 +203,10 @@ def test_a_left_padded_batch_keeps_what_the_unpadded_single_runs_keep(attn, make
 
 @pytest.mark.parametrize("make", [lambda: RMMPress(0.5, lag=4), lambda: RMMPress(0.5), lambda: TOVAPress(0.5)])
 def test_sliding_window_layers_keep_the_same_sets_under_eager_and_sdpa(token_ids, make):
-    config = Qwen2Config(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_sliding_window=True,
-        sliding_window=16,
-        max_window_layers=0,
-    )
-    kept = []
-    for attn in ("eager", "sdpa"):
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config).eval()
-        model.set_attn_implementation(attn)
-        kept.append(kept_positions(model, token_ids, make(), atol=1e-5))
+    window = {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0}
+    kept = [
+        kept_positions(tiny_model("qwen2", attn, **window), token_ids, make(), atol=1e-5) for attn in ("eager", "sdpa")
+    ]
     assert same_sets(*kept)
 
 

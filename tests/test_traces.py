@@ -88,10 +88,10 @@ def smoother_by_hand(rows: torch.Tensor, correct: list[float], lag: int, budget:
 
 @pytest.mark.parametrize("lag", [0, 1, 4, 16])
 def test_the_lag_sweep_replays_the_press_smoother(trace_and_ids, lag):
-    """``rmm-H{lag}`` runs RMMPress one arrival at a time; what it holds matches Eq. 1 replayed by hand."""
+    """``rmm(lag=H)`` runs RMMPress one arrival at a time; what it holds matches Eq. 1 replayed by hand."""
     _, _, trace = trace_and_ids
     stacked = LayerTrace(torch.cat(trace.layers), trace.correct)
-    result = replay(stacked, StreamedPolicy(f"rmm-H{lag}", lag), 40)
+    result = replay(stacked, StreamedPolicy(f"rmm(lag={lag})", lag), 40)
     for group in range(stacked.groups):
         expected = smoother_by_hand(stacked.rows[group].double(), trace.correct.tolist(), lag, 40)
         assert result.held[group].nonzero()[:, 0].tolist() == expected, f"group {group}"
@@ -166,7 +166,7 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
     output = tmp_path / "traces"
     argv = ["traces", "--model", str(model_dir), "--texts", "multi_news:0", "multi_news:1", "--length", "160"]
-    argv += ["--budgets", "64", "96", "--data-root", str(SHARED_DATA), "--output", str(output)]
+    argv += ["--budgets", "64", "96", "--data", str(SHARED_DATA), "--output", str(output)]
     assert main(argv) == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     # per trace: a summary, then 3 metrics x (7 policies x 2 budgets + the lags 0, 1, 4, 16 at 64 and up to 64 at 96)
@@ -174,7 +174,7 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
     for name in (
         "scorecard.md",
         "scorecard.csv",
-        "retained_mass.png",
+        "forest.png",
         "lag_sweep.png",
         "controlled.png",
         "controlled.json",
@@ -193,7 +193,7 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
     assert again == rows
     assert json.loads((output / "run.json").read_text())["sessions"][1]["units_run"] == 0
 
-    combined = ["scorecard", str(output), "--name", "t", "--output-root", str(tmp_path / "cards")]
+    combined = ["scorecard", str(output), "--output", str(tmp_path / "cards" / "t")]
     assert main(combined) == 0
     card = (tmp_path / "cards" / "t" / "scorecard.md").read_text()
     assert "Traces retained_mass" in card and "tova" in card
@@ -206,14 +206,15 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
         (["--texts", "multi_news:100000"], "multi_news has contexts 0.."),
         (["--texts", "locomo:conv-0"], "unknown LoCoMo conversation 'conv-0'"),
         (["--budgets", "32"], "budgets must be at least 64 (SnapKV's window) and below --length 160"),
-        (["--length", "8192"], "--length 8192 must be in (64, 4096]"),
-        (["--threshold", "0"], "--threshold 0.0 must be in (0, 1)"),
+        (["--length", "8192"], "--length 8192 is over 4096"),
+        (["--length", "64"], "argument --length: 64 is below 65"),
+        (["--threshold", "0"], "argument --threshold: 0 is outside (0, 1)"),
         (["--h2o-window", "64"], "--h2o-window 64 must be in [0, the smallest budget)"),
     ],
 )
 def test_bad_trace_options_get_a_clear_error(model_dir, tmp_path, monkeypatch, capsys, arguments, message):  # noqa: F811
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
-    base = {"--model": str(model_dir), "--length": "160", "--data-root": str(SHARED_DATA), "--budgets": "64"}
+    base = {"--model": str(model_dir), "--length": "160", "--data": str(SHARED_DATA), "--budgets": "64"}
     base.update(dict(zip(arguments[::2], arguments[1::2], strict=True)))
     argv = ["traces", "--output", str(tmp_path / "out"), *[item for pair in base.items() for item in pair]]
     assert main(argv) == 2

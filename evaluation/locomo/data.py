@@ -4,7 +4,6 @@ official file of the snap-research/locomo repository, downloaded once, checked a
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import urllib.request
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluation.errors import EvaluationError
+from evaluation.json_data import load_json_rows
 from evaluation.models import cache_root
 
 LOCOMO_URL = "https://raw.githubusercontent.com/snap-research/locomo/main/data/locomo10.json"
@@ -44,8 +44,9 @@ class Question:
 
     @property
     def evidence_sessions(self) -> set[int]:
-        """Sessions holding the evidence turns ("D3:12" is in session 3)."""
-        return {int(match) for item in self.evidence for match in re.findall(r"D(\d+):", item)}
+        """Sessions holding the evidence turns ("D3:12" is in session 3; the file's own variants "D:11:26" and
+        "D9:1 D4:4" are read too)."""
+        return {int(match) for item in self.evidence for match in re.findall(r"D:?(\d+):", item)}
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,12 @@ def resolve_path(path: str | None) -> Path:
     return target
 
 
+CATEGORY_NUMBERS = range(1, 6)
+
+
 def parse_conversation(raw: dict) -> Conversation:
-    conversation = raw["conversation"]
+    """One conversation of ``locomo10.json``; keys a row lacks (``datasets`` fills them with None) are absent."""
+    conversation = {key: value for key, value in raw["conversation"].items() if value is not None}
     numbers = sorted(int(key.split("_")[1]) for key in conversation if re.fullmatch(r"session_\d+", key))
     sessions = [
         Session(
@@ -96,24 +101,24 @@ def parse_conversation(raw: dict) -> Conversation:
         )
         for number in numbers
     ]
-    questions = [
-        Question(
-            i, q["question"], q.get("answer"), q.get("evidence", []), int(q["category"]), q.get("adversarial_answer")
+    questions = []
+    for i, q in enumerate(raw["qa"]):
+        category = int(q["category"])
+        where = f"{raw['sample_id']} question {i}"
+        if category not in CATEGORY_NUMBERS:
+            raise ValueError(f"{where} has category {category}; LoCoMo's are 1 to 5")
+        if category != 5 and q.get("answer") is None:
+            raise ValueError(f"{where} (category {category}) has no answer to score against")
+        questions.append(
+            Question(i, q["question"], q.get("answer"), q.get("evidence") or [], category, q.get("adversarial_answer"))
         )
-        for i, q in enumerate(raw["qa"])
-    ]
     return Conversation(raw["sample_id"], conversation["speaker_a"], conversation["speaker_b"], sessions, questions)
 
 
 def load_conversations(path: Path) -> list[Conversation]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise EvaluationError(f"{path}:{error.lineno}:{error.colno}: malformed JSON ({error.msg})") from error
-    if not isinstance(raw, list):
-        raise EvaluationError(f"{path}: expected a list of conversations (the locomo10.json layout)")
+    """Every conversation of a ``locomo10.json``, read through ``datasets``."""
     conversations = []
-    for index, item in enumerate(raw):
+    for index, item in enumerate(load_json_rows(path)):
         try:
             conversations.append(parse_conversation(item))
         except (KeyError, TypeError, ValueError, IndexError) as error:

@@ -36,28 +36,32 @@ from evaluation.locomo.render import (
     resolve_choice,
 )
 from evaluation.metrics.locomo import CATEGORIES, PAPER_ORDER, score
-from evaluation.models import load_model_or_explain
+from evaluation.models import ModelSettings
 from evaluation.press_specs import check_presses, make_press
-from evaluation.run_record import RunRecord
-from evaluation.scorecard import Entry, entries_from_rows, plot_by_turn, write_tables
+from evaluation.run_record import RunRecord, fingerprint
+from evaluation.scorecard import Benchmark, scores_frame, summarize, write_scorecard
 from evaluation.store import ResultStore
 
 TEACHER_FORCED_KINDS = {"answers": frozenset({"answer"}), "all": frozenset({"conversation", "question", "answer"})}
 RESULTS_DEFINING = (
     "model",
+    "dtype",
+    "attn_implementation",
     "placement",
     "history",
     "rmm_weights",
+    "max_turns",  # the questions asked set the room left for them, so the history limit
     "max_history_tokens",
     "max_new_tokens",
     "device",
+    "data_fingerprint",
 )
 PLACEMENTS = ("file", "evidence")
 
 
 @dataclass
 class LoCoMoConfig:
-    model: str
+    model: ModelSettings
     presses: list[str]
     budgets: list[Budget]
     conversations: list[str] | None
@@ -67,7 +71,6 @@ class LoCoMoConfig:
     rmm_weights: str
     data: str | None
     output: Path
-    device: str = "cpu"
     max_new_tokens: int = 32
     placement: str = "file"
 
@@ -89,6 +92,20 @@ def select_conversations(conversations: list[Conversation], wanted: list[str] | 
     if unknown:
         raise EvaluationError(f"unknown conversation(s) {unknown}; the data holds {', '.join(known)}")
     return [known[name] for name in wanted]
+
+
+def asked_after_session(conversation: Conversation, question: Question) -> int:
+    """The session the evidence placement asks ``question`` after: its last evidence session, else the last one."""
+    return max(question.evidence_sessions, default=conversation.sessions[-1].number)
+
+
+def asked_questions(conversation: Conversation, config: LoCoMoConfig) -> list[Question]:
+    """The first ``max_turns`` questions in the order the placement asks them: file order, or for the evidence
+    placement stream order (by the session they are asked after, then file order)."""
+    questions = conversation.questions
+    if config.placement == "evidence":
+        questions = sorted(questions, key=lambda q: (asked_after_session(conversation, q), q.index))
+    return questions[: config.max_turns]
 
 
 def fit_sessions(
@@ -126,7 +143,7 @@ class ConversationRun:
 
     def run(self, conversation: Conversation, store: ResultStore, bar: tqdm) -> None:
         self.conversation, self.store, self.bar = conversation, store, bar
-        questions = conversation.questions[: self.config.max_turns]
+        questions = asked_questions(conversation, self.config)
         if self.config.placement == "evidence":
             self.stream_sessions(questions)
         else:
@@ -172,12 +189,9 @@ class ConversationRun:
 
     def stream_sessions(self, questions: list[Question]) -> None:
         """The evidence placement: sessions one by one, each question after the session of its last evidence."""
-        if self.config.history != "gold":
-            raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
         conversation = self.conversation
         framing = Framing(self.tokenizer, header(conversation))
-        last = conversation.sessions[-1].number
-        asked_after = {q.index: max(q.evidence_sessions, default=last) for q in questions}
+        asked_after = {q.index: asked_after_session(conversation, q) for q in questions}
         limit = self.config.max_history_tokens
         if limit is None:
             after = {n: [q for q in questions if asked_after[q.index] == n] for n in set(asked_after.values())}
@@ -185,7 +199,8 @@ class ConversationRun:
         items: list[tuple[str, object, int]] = []  # the stream so far: ("session", text, n) or ("turn", (q, a), n)
         history, messages = self.rebuild(framing, items)
         turn = 0
-        for session in conversation.sessions:
+        needed = max(asked_after.values(), default=0)  # the sessions after the last asked question change nothing
+        for session in (s for s in conversation.sessions if s.number <= needed):
             text = render_session(session)
             ids = framing.session_ids(messages, text)
             if history.length + len(ids) > limit:
@@ -334,24 +349,59 @@ def run_conversation(
         ConversationRun(config, model, tokenizer, cells).run(conversation, store, bar)
 
 
+def prepare(config: LoCoMoConfig) -> tuple[Path, list[Conversation], list[Cell]]:
+    """Everything a run reads before the model: checked settings, the conversations and the cells."""
+    check_presses(config.presses)
+    if config.placement not in PLACEMENTS:
+        raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
+    if config.placement == "evidence" and config.history != "gold":
+        raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
+    cells = press_cells(config.presses, config.budgets, "--budgets")
+    path = resolve_path(config.data)
+    conversations = select_conversations(load_conversations(path), config.conversations)
+    return path, conversations, cells
+
+
+def dry_run(config: LoCoMoConfig) -> str:
+    """The stream and the work it takes, without a model."""
+    _, conversations, cells = prepare(config)
+    questions = sum(len(asked_questions(c, config)) for c in conversations)
+    histories = len(conversations) * (1 if config.history == "gold" else len(cells))
+    lines = [
+        f"LoCoMo ({config.placement} placement, {config.history} history): {len(conversations)} conversations, "
+        f"{questions} questions x {len(cells)} cells = {questions * len(cells)} answers, model {config.model.name} "
+        f"({config.model.dtype}, {config.model.attn_implementation}, {config.model.device})",
+        *(f"  {press} @ {budget_label(budget)}" for press, budget in cells),
+        f"prefills: {histories} growing histories, extended by every session and turn (never re-prefilled, but for "
+        "the evidence placement's restarts when the context is full)",
+        f"decodes: {questions * len(cells)}, in {questions * histories // len(conversations)} batches, at most "
+        f"{config.max_new_tokens} tokens each",
+    ]
+    return "\n".join(lines)
+
+
 def run(config: LoCoMoConfig, backend: Backend = LOCAL) -> Path:
     """Run (or resume) the streaming protocol and write predictions, scorecard and run.json."""
-    check_presses(config.presses)
-    cells = press_cells(config.presses, config.budgets, "--budgets")
-    conversations = select_conversations(load_conversations(resolve_path(config.data)), config.conversations)
-    settings = {**asdict(config), "output": str(config.output), "budgets": [b.key for b in config.budgets]}
-    record = RunRecord(config.output, settings, RESULTS_DEFINING)
+    path, conversations, cells = prepare(config)
+    settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
+    settings["budgets"] = [b.key for b in config.budgets]
+    settings["data_fingerprint"] = fingerprint(path)
+    record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record())
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [
-        Unit(c.sample_id, c, frozenset(cell_key(c, q, cell) for q in c.questions[: config.max_turns] for cell in cells))
+        Unit(c.sample_id, c, frozenset(cell_key(c, q, cell) for q in asked_questions(c, config) for cell in cells))
         for c in conversations
     ]
-    load = partial(load_model_or_explain, config.model, device=config.device)
     outcome = run_units(
-        units, partial(run_conversation, config=config, cells=cells), load, store, backend, config.device
+        units,
+        partial(run_conversation, config=config, cells=cells),
+        config.model.load,
+        store,
+        backend,
+        config.model.device,
     )
     write_locomo_scorecard(config.output, store.rows, config.presses, config.budgets)
-    record.finish(outcome.ran, model=config.model, device=config.device, backend=backend.kind)
+    record.finish(outcome.ran, backend=backend.kind)
     outcome.raise_failures(backend.retries)
     return config.output
 
@@ -386,15 +436,32 @@ def visibility(rows: list[dict]) -> str:
     return f"evidence inside the history for {visible} of {total} questions ({100 * visible / total:.0f}%)"
 
 
-def locomo_entries(rows: list[dict]) -> list[Entry]:
-    """Per (press, budget): mean F1 with its bootstrap interval, per condition, in the paper's order."""
-    entries = entries_from_rows(rows, conditions, scale=1, digits=3)
-    return sorted(entries, key=lambda e: CONDITION_ORDER.index(e.condition))
+def evictions(rows: list[dict]) -> str:
+    """At each budget, for how many questions the history was longer than the budget (so the presses evicted)."""
+    over: dict[str, dict[tuple[str, int], bool]] = {}
+    for row in rows:
+        if row["press"] != "full":
+            key = (row["conversation"], row["question_index"])
+            over.setdefault(row["budget_label"], {})[key] = row["history_tokens"] > row["kept_tokens"]
+    counts = ", ".join(f"{sum(seen.values())} of {len(seen)} at {label}" for label, seen in over.items())
+    return f"the history exceeded the budget (the presses evicted) for {counts} questions" if over else ""
+
+
+BENCHMARK = Benchmark(
+    "LoCoMo", conditions, lambda row: (row["conversation"], row["question_index"]), 1, 3, tuple(CONDITION_ORDER)
+)
+REFERENCE = "h2o"
 
 
 def write_locomo_scorecard(output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]) -> None:
     if rows:
+        frame = scores_frame(BENCHMARK, rows)
+        frame = frame.sort_values("condition", key=lambda c: c.map(CONDITION_ORDER.index), kind="stable")
+        note = (
+            f"F1, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean [95% "
+            "bootstrap interval over questions] (n); adversarial questions (category 5) are scored by their own rule "
+            "and kept apart."
+        )
         labels = [b.label for b in budgets]
-        metric = f"F1 ({rows[0]['placement']} placement; {visibility(rows)})"
-        write_tables(output, locomo_entries(rows), presses, labels, f"LoCoMo streaming: {output.name}", metric, 3)
-        plot_by_turn(output / "scorecard.png", rows, presses, labels)
+        summary = summarize(frame, REFERENCE)
+        write_scorecard(output, summary, f"LoCoMo streaming: {output.name}", note, REFERENCE, presses, labels)

@@ -14,6 +14,7 @@ from pathlib import Path
 from huggingface_hub import hf_hub_download
 
 from evaluation.errors import EvaluationError
+from evaluation.json_data import load_json_rows
 from evaluation.metrics.longbench import TASK_METRICS
 from evaluation.models import cache_root
 
@@ -81,39 +82,54 @@ def download() -> Path:
     return target
 
 
+def read_config(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise EvaluationError(f"{path}: not a readable JSON file ({error})") from error
+
+
 def load_configs(data_dir: Path, tasks: list[str]) -> dict[str, TaskConfig]:
-    prompts = json.loads((data_dir / "config" / CONFIG_FILES[0]).read_text())
-    max_lengths = json.loads((data_dir / "config" / CONFIG_FILES[1]).read_text())
+    prompts = read_config(data_dir / "config" / CONFIG_FILES[0])
+    max_lengths = read_config(data_dir / "config" / CONFIG_FILES[1])
     missing = [task for task in tasks if task not in prompts or task not in max_lengths]
     if missing:
         raise EvaluationError(f"{data_dir / 'config'} has no prompt or max length for {missing}")
     for task in tasks:
-        if prompts[task].count("{context}") != 1:
-            raise EvaluationError(f"the {task} prompt template must contain {{context}} exactly once")
-    return {task: TaskConfig(prompts[task], int(max_lengths[task])) for task in tasks}
+        template, length = prompts[task], max_lengths[task]
+        if not isinstance(template, str) or template.count("{context}") != 1:
+            raise EvaluationError(f"the {task} prompt template must be a string with {{context}} exactly once")
+        try:
+            template.format(context="", input="")
+        except (KeyError, IndexError, ValueError) as error:
+            raise EvaluationError(
+                f"the {task} prompt template has a field other than {{context}} and {{input}} ({error}): "
+                f"fix {data_dir / 'config' / CONFIG_FILES[0]}"
+            ) from error
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise EvaluationError(
+                f"the {task} answer length in {data_dir / 'config' / CONFIG_FILES[1]} must be a whole number of "
+                f"tokens >= 1, got {length!r}"
+            )
+    return {task: TaskConfig(prompts[task], max_lengths[task]) for task in tasks}
 
 
 def load_task(data_dir: Path, task: str, n: int | None = None) -> list[Example]:
-    """The first ``n`` examples of a task in file order (all when ``n`` is None)."""
+    """The first ``n`` examples of a task in file order (all when ``n`` is None), read through ``datasets``."""
     path = data_dir / f"{task}.jsonl"
     if not path.is_file():
         present = sorted(p.stem for p in data_dir.glob("*.jsonl"))
         raise EvaluationError(f"{path} not found; this data dir holds the tasks {present}")
-    examples = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if n is not None and len(examples) == n:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise EvaluationError(f"{path}:{line_number}: malformed JSON line ({error.msg})") from error
-            missing = [name for name in FIELDS if name not in row]
-            if missing:
-                raise EvaluationError(f"{path}:{line_number}: missing field(s) {missing}")
-            examples.append(
-                Example(task, str(row["_id"]), row["input"], row["context"], row["answers"], row["all_classes"])
-            )
+    examples, seen = [], set()
+    for number, row in enumerate(load_json_rows(path)[:n], start=1):
+        missing = [name for name in FIELDS if name not in row or (row[name] is None and name != "all_classes")]
+        if missing:
+            raise EvaluationError(f"{path}: row {number} lacks the field(s) {missing}")
+        answers = row["answers"]
+        if not isinstance(answers, list) or not all(isinstance(answer, str) for answer in answers):
+            raise EvaluationError(f"{path}: row {number} ({row['_id']}): answers must be a list of strings")
+        if row["_id"] in seen:
+            raise EvaluationError(f"{path}: row {number} repeats the _id {row['_id']}: every example needs its own")
+        seen.add(row["_id"])
+        examples.append(Example(task, str(row["_id"]), row["input"], row["context"], answers, row["all_classes"]))
     return examples

@@ -13,29 +13,38 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.backends import LOCAL, Backend, Unit, run_units
-from evaluation.budgets import Budget, budget_key, budget_label, press_cells, ratio_for
+from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.errors import EvaluationError
 from evaluation.generation import decode_batch, eos_ids, generate
 from evaluation.history import History
-from evaluation.longbench.data import Example, TaskConfig, check_tasks, load_configs, load_task, resolve_data_dir
+from evaluation.longbench.data import (
+    CONFIG_FILES,
+    Example,
+    TaskConfig,
+    check_tasks,
+    load_configs,
+    load_task,
+    resolve_data_dir,
+)
 from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
 from evaluation.metrics.longbench import sample_score
-from evaluation.models import load_model_or_explain
-from evaluation.press_specs import attn_implementation, check_presses, make_press
-from evaluation.run_record import RunRecord
-from evaluation.scorecard import Entry, entries_from_rows, plot_by_budget, with_average, write_tables
+from evaluation.models import ModelSettings
+from evaluation.press_specs import FULL_CACHE, check_presses, make_press, needs_eager
+from evaluation.run_record import RunRecord, fingerprint
+from evaluation.scorecard import Benchmark, scores_frame, summarize, write_scorecard
 from evaluation.store import ResultStore
 
 CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
-RESULTS_DEFINING = ("model", "query_aware", "max_length", "device")
+RESULTS_DEFINING = ("model", "dtype", "attn_implementation", "device", "query_aware", "max_length", "data_fingerprint")
 
 
 @dataclass
 class LongBenchConfig:
-    model: str
+    model: ModelSettings
     tasks: list[str]
     presses: list[str]
     budgets: list[Budget]
@@ -43,7 +52,6 @@ class LongBenchConfig:
     query_aware: bool
     data_dir: str | None
     output: Path
-    device: str = "cpu"
     max_length: int | None = None
     path: str = "shared"
 
@@ -76,6 +84,17 @@ def stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: s
     return eos_ids(model) | newline
 
 
+def cell_identity(example: Example, press_name: str, budget: Budget | None) -> dict:
+    """The fields that name a cell's row (its resume key and its budget's label)."""
+    return {
+        "task": example.task,
+        "id": example.id,
+        "press": press_name,
+        "budget": budget_key(budget),
+        "budget_label": budget_label(budget),
+    }
+
+
 def cell_row(
     config: LongBenchConfig,
     example: Example,
@@ -86,28 +105,39 @@ def cell_row(
     kept_tokens: int,
     path: str,
     tokenizer: PreTrainedTokenizerBase,
+    attn_implementation: str,
 ) -> dict:
     prediction = tokenizer.decode(generated, skip_special_tokens=True)
     context_tokens = prompt.context_ids.shape[1]
     return {
-        "task": example.task,
-        "id": example.id,
-        "press": press_name,
-        "budget": budget_key(budget),
-        "budget_label": budget_label(budget),
+        **cell_identity(example, press_name, budget),
         "compression_ratio": ratio_for(budget, context_tokens),
         "context_tokens": context_tokens,
         "kept_tokens": kept_tokens,
         "question_tokens": prompt.question_ids.shape[1],
         "truncated": prompt.truncated,
         "query_aware": config.query_aware,
-        "attn_implementation": attn_implementation(press_name) if path == "per-cell" else "sdpa",
+        "attn_implementation": attn_implementation,
         "path": path,
         "generated_tokens": len(generated),
         "prediction": prediction,
         "answers": example.answers,
         "all_classes": example.all_classes,
         "score": sample_score(example.task, prediction, example.answers, example.all_classes),
+    }
+
+
+CELL_FAILURES = (AssertionError, ValueError, RuntimeError, IndexError)  # what a press raises on an input it cannot take
+
+
+def failed_row(example: Example, press_name: str, budget: Budget | None, path: str, error: Exception) -> dict:
+    """A cell the press could not run on this example (too short for its window, a lag over the budget...):
+    stored with its reason, counted in the scorecard, never retried on resume."""
+    return {
+        **cell_identity(example, press_name, budget),
+        "path": path,
+        "error": f"{type(error).__name__}: {error}".splitlines()[0],
+        "score": None,
     }
 
 
@@ -121,14 +151,18 @@ def run_cell(
     press_name: str,
     budget: Budget | None,
 ) -> dict:
-    """The per-cell reference path: KVPress's prefill under the press, then greedy decoding."""
-    model.set_attn_implementation(attn_implementation(press_name))
+    """The per-cell reference path: KVPress's prefill under the press (eager where it needs the weights), then
+    greedy decoding."""
     press = make_press(press_name, ratio_for(budget, prompt.context_ids.shape[1]))
+    implementation = "eager" if needs_eager(press) else config.model.attn_implementation
+    model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
-    generation = generate(model, prompt.context_ids, prompt.question_ids, press, task_config.max_new_tokens, stop)
-    return cell_row(
-        config, example, prompt, press_name, budget, generation.token_ids, generation.kept_tokens, "per-cell", tokenizer
-    )
+    try:
+        generation = generate(model, prompt.context_ids, prompt.question_ids, press, task_config.max_new_tokens, stop)
+    except CELL_FAILURES as error:
+        return failed_row(example, press_name, budget, "per-cell", error)
+    tokens, kept = generation.token_ids, generation.kept_tokens
+    return cell_row(config, example, prompt, press_name, budget, tokens, kept, "per-cell", tokenizer, implementation)
 
 
 def run_shared(
@@ -142,25 +176,40 @@ def run_shared(
 ) -> list[dict]:
     """The shared path for one example's cells: one full-cache prefill, each press's cache derived from it,
     one batched decode of them all. Every cell's press must be one ``History.supports``."""
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(config.model.attn_implementation)
     length = prompt.context_ids.shape[1]
     presses = [make_press(name, ratio_for(budget, length)) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
-    caches = [history.compress(press)[0] for press in presses]
-    kept = [cache.get_seq_length() for cache in caches]
+    rows, derived = [], []
+    for (press_name, budget), press in zip(cells, presses, strict=True):
+        try:
+            derived.append((press_name, budget, history.compress(press)[0]))
+        except CELL_FAILURES as error:
+            rows.append(failed_row(example, press_name, budget, "shared", error))
     generated = decode_batch(
         model,
-        caches,
+        [cache for _, _, cache in derived],
         prompt.question_ids,
         history.length,
         task_config.max_new_tokens,
         stop_ids(model, tokenizer, example.task),
         history.newest_logits,
     )
-    return [
-        cell_row(config, example, prompt, press_name, budget, tokens, n_kept, "shared", tokenizer)
-        for (press_name, budget), tokens, n_kept in zip(cells, generated, kept, strict=True)
+    return rows + [
+        cell_row(
+            config,
+            example,
+            prompt,
+            press_name,
+            budget,
+            tokens,
+            cache.get_seq_length(),
+            "shared",
+            tokenizer,
+            config.model.attn_implementation,
+        )
+        for (press_name, budget, cache), tokens in zip(derived, generated, strict=True)
     ]
 
 
@@ -193,26 +242,59 @@ def run_example(
         store.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
 
 
-def run(config: LongBenchConfig, backend: Backend = LOCAL) -> Path:
-    """Run (or resume) the grid and write predictions, scorecard and run.json under ``config.output``."""
+def prepare(config: LongBenchConfig) -> tuple[Path, dict[str, TaskConfig], list[Example], list[Cell]]:
+    """Everything a run reads before the model: checked settings, the data, the task configs and the cells."""
     check_tasks(config.tasks)
     check_presses(config.presses)
     if config.path not in PATHS:
         raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
-    press_budgets = press_cells(config.presses, config.budgets, "--ratios or --budgets")
+    cells = press_cells(config.presses, config.budgets, "--ratios or --budgets")
     data_dir = resolve_data_dir(config.data_dir)
     task_configs = load_configs(data_dir, config.tasks)
     examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
-    settings = {**asdict(config), "output": str(config.output), "data_dir": str(data_dir)}
+    return data_dir, task_configs, examples, cells
+
+
+def dry_run(config: LongBenchConfig) -> str:
+    """The grid and the work it takes, without a model."""
+    _, task_configs, examples, cells = prepare(config)
+    shared = [cell for cell in cells if config.path == "shared" and shares_prefill(cell[0])]
+    alone = len(cells) - len(shared)
+    answer_tokens = sum(task_configs[e.task].max_new_tokens for e in examples) * len(cells)
+    lines = [
+        f"LongBench: {len(examples)} examples ({', '.join(config.tasks)}) x {len(cells)} cells = "
+        f"{len(examples) * len(cells)} cells, model {config.model.name} ({config.model.dtype}, "
+        f"{config.model.attn_implementation}, {config.model.device})",
+        *(
+            f"  {press} @ {budget_label(budget)}" + ("" if (press, budget) in shared else " (per-cell path)")
+            for press, budget in cells
+        ),
+        f"prefills: {len(examples) * (bool(shared) + alone)} ({len(examples)} shared by {len(shared)} cells each, "
+        f"{len(examples) * alone} per cell)",
+        f"decodes: {len(examples) * len(cells)} ({len(examples)} batches of {len(shared)} caches, "
+        f"{len(examples) * alone} alone), at most {answer_tokens} answer tokens",
+    ]
+    return "\n".join(lines)
+
+
+def run(config: LongBenchConfig, backend: Backend = LOCAL) -> Path:
+    """Run (or resume) the grid and write predictions, scorecard and run.json under ``config.output``."""
+    data_dir, task_configs, examples, press_budgets = prepare(config)
+    settings = {**asdict(config), **config.model.record(), "output": str(config.output), "data_dir": str(data_dir)}
     settings["budgets"] = [b.key for b in config.budgets]
-    record = RunRecord(config.output, settings, RESULTS_DEFINING)
+    files = [data_dir / f"{task}.jsonl" for task in config.tasks] + [data_dir / "config" / n for n in CONFIG_FILES]
+    settings["data_fingerprint"] = fingerprint(*files)
+    engine = config.path == "shared"
+    settings["paths"] = {
+        p: "shared" if engine and shares_prefill(p) else "per-cell" for p in config.presses if p != FULL_CACHE
+    }
+    record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record())
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [Unit(f"{e.task}/{e.id}", e, frozenset(cell_key((e, *cell)) for cell in press_budgets)) for e in examples]
     work = partial(run_example, config=config, task_configs=task_configs, cells=press_budgets)
-    load = partial(load_model_or_explain, config.model, device=config.device)
-    outcome = run_units(units, work, load, store, backend, config.device)
+    outcome = run_units(units, work, config.model.load, store, backend, config.model.device)
     write_longbench_scorecard(config.output, store.rows, config.presses, config.budgets)
-    record.finish(outcome.ran, model=config.model, device=config.device, backend=backend.kind)
+    record.finish(outcome.ran, backend=backend.kind)
     outcome.raise_failures(backend.retries)
     return config.output
 
@@ -222,15 +304,28 @@ def conditions(row: dict) -> list[str]:
     return [row["task"]]
 
 
-def longbench_entries(rows: list[dict]) -> list[Entry]:
-    """One entry per (task, budget, press): the official task score (100 x mean) with its bootstrap interval,
-    plus the average over tasks."""
-    entries = entries_from_rows(rows, conditions, scale=100, digits=2)
-    return with_average(entries, list(dict.fromkeys(row["task"] for row in rows)))
+BENCHMARK = Benchmark("LongBench", conditions, lambda row: (row["task"], row["id"]), 100, 2)
+REFERENCE = "h2o"
+
+
+def with_average(summary: pd.DataFrame) -> pd.DataFrame:
+    """With several tasks, a row per (budget, press) holding the mean of its task scores (where it has them all)."""
+    tasks = summary["condition"].nunique()
+    if tasks < 2:
+        return summary
+    groups = summary.groupby(["budget", "press"], sort=False)
+    means = groups.agg(mean=("mean", "mean"), n=("n", "sum"), failed=("failed", "sum"), tasks=("mean", "count"))
+    means = means[means.pop("tasks") == tasks].reset_index()
+    return pd.concat([summary, means.assign(condition="average", digits=2, verdict="-")], ignore_index=True)
 
 
 def write_longbench_scorecard(output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]) -> None:
     if rows:
-        entries, labels, metric = longbench_entries(rows), [b.label for b in budgets], "LongBench score (100 x mean)"
-        write_tables(output, entries, presses, labels, f"LongBench: {output.name}", metric)
-        plot_by_budget(output / "scorecard.png", entries, presses, labels, metric)
+        summary = with_average(summarize(scores_frame(BENCHMARK, rows), REFERENCE))
+        note = (
+            "The official task score (100 x mean); each cell: mean [95% bootstrap interval over examples] (n). "
+            "The full cache is repeated on every budget row; with several tasks, `average` is the mean of the "
+            "task scores."
+        )
+        labels = [b.label for b in budgets]
+        write_scorecard(output, summary, f"LongBench: {output.name}", note, REFERENCE, presses, labels)

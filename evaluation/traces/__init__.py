@@ -1,2 +1,5 @@
 """The eviction lab: attention traces of a real model, policies replayed on them against Belady, and the
 paper's controlled model of delayed utility."""
+
+DEFAULT_THRESHOLD = 0.01  # a position is requested (used) at step t when it receives at least this attention
+H2O_WINDOW = 32  # the recent window of h2o-recentW, the original H2O paper's recency protection

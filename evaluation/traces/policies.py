@@ -24,11 +24,10 @@ from kvpress import ObservedAttentionPress, ScorerPress, SnapKVPress, StreamingL
 
 from evaluation.budgets import Budget
 from evaluation.press_specs import reads
+from evaluation.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.traces.streamed import StreamedPress
 from presses import RMMPress, TOVAPress
 
-DEFAULT_THRESHOLD = 0.01  # a position is requested (used) at step t when it receives at least this attention
-H2O_WINDOW = 32
 LAG_SWEEP = (0, 1, 4, 16, 64, 256)
 PROTECTED = torch.finfo(torch.float32).max  # +inf scores (never evict) stay above every unheld position
 
@@ -156,8 +155,13 @@ def default_policies(h2o_window: int = H2O_WINDOW) -> list[Policy]:
     ]
 
 
+def sweep_name(lag: int) -> str:
+    """A lag-sweep policy's name: the spec of the press it runs."""
+    return f"rmm(lag={lag})"
+
+
 def lag_sweep() -> list[Policy]:
-    return [StreamedPolicy(f"rmm-H{lag}", lag) for lag in LAG_SWEEP]
+    return [StreamedPolicy(sweep_name(lag), lag) for lag in LAG_SWEEP]
 
 
 def runnable(policy: Policy, budget: int) -> bool:

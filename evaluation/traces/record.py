@@ -9,7 +9,6 @@ teacher-forced correctness (is the model's top-1 prediction at t the actual toke
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from evaluation.errors import EvaluationError
 from evaluation.history import forward_capturing_layer_inputs
 from evaluation.locomo.data import load_conversations
 from evaluation.locomo.render import render_conversation
+from evaluation.longbench.data import load_task
 from evaluation.models import cache_root
 from presses.attention import attention_rows, group_mean
 from presses.teacher_forcing import teacher_forced_correctness
@@ -60,26 +60,29 @@ def record(model: PreTrainedModel, token_ids: list[int], name: str, per_kv_group
     return Trace(name, token_ids, correct, layers)
 
 
-def source_text(source: str, index: str, data_root: Path) -> str:
-    """A real text of the shared data: ``multi_news`` context number ``index`` or the LoCoMo conversation
-    ``index`` (a sample id such as conv-26), rendered as the LoCoMo protocol renders it."""
+def source_file(spec: str, data_root: Path) -> Path:
+    """The data file a trace text comes from (``--data``: the folder holding longbench/ and locomo/)."""
+    source, _ = parse_source(spec)
+    path = data_root / ("longbench/multi_news.jsonl" if source == "multi_news" else "locomo/locomo10.json")
+    if not path.is_file():
+        raise EvaluationError(f"{path} not found: pass --data, the folder holding longbench/ and locomo/")
+    return path
+
+
+def source_text(spec: str, data_root: Path) -> str:
+    """A real text of the shared data: ``multi_news:N``, LongBench multi_news context number N, or
+    ``locomo:SAMPLE_ID``, the LoCoMo conversation rendered as the LoCoMo protocol renders it."""
+    source, index = parse_source(spec)
+    path = source_file(spec, data_root)
     if source == "multi_news":
-        path = data_root / "longbench" / "multi_news.jsonl"
-        if not path.is_file():
-            raise EvaluationError(f"{path} not found: pass --data-root, the folder holding longbench/ and locomo/")
-        lines = path.read_text().splitlines()
-        if not index.isdigit() or int(index) >= len(lines):
-            raise EvaluationError(f"multi_news has contexts 0..{len(lines) - 1}; got {index!r}")
-        return json.loads(lines[int(index)])["context"]
-    if source == "locomo":
-        path = data_root / "locomo" / "locomo10.json"
-        if not path.is_file():
-            raise EvaluationError(f"{path} not found: pass --data-root, the folder holding longbench/ and locomo/")
-        conversations = {c.sample_id: c for c in load_conversations(path)}
-        if index not in conversations:
-            raise EvaluationError(f"unknown LoCoMo conversation {index!r}; the data holds {', '.join(conversations)}")
-        return render_conversation(conversations[index], conversations[index].sessions)
-    raise EvaluationError(f"unknown trace source {source!r}: use {' or '.join(f'{s}:INDEX' for s in SOURCES)}")
+        contexts = [example.context for example in load_task(path.parent, "multi_news")]
+        if not index.isdigit() or int(index) >= len(contexts):
+            raise EvaluationError(f"multi_news has contexts 0..{len(contexts) - 1}; got {index!r}")
+        return contexts[int(index)]
+    conversations = {c.sample_id: c for c in load_conversations(path)}
+    if index not in conversations:
+        raise EvaluationError(f"unknown LoCoMo conversation {index!r}; the data holds {', '.join(conversations)}")
+    return render_conversation(conversations[index], conversations[index].sessions)
 
 
 def parse_source(spec: str) -> tuple[str, str]:
@@ -101,16 +104,24 @@ def load_or_record(
     per_kv_group: bool,
     data_root: Path,
 ) -> Trace:
-    """The named trace from the cache, else recorded (with ``model_loader()``) and cached; deterministic."""
+    """The named trace from the cache, else recorded (with ``model_loader()``) and cached; deterministic.
+
+    The cache key holds the model's full name and the text itself, so other data under the same name is
+    recorded anew."""
     name = trace_name(model_name, spec, length, per_kv_group)
-    # the name holds only the model folder's name: the key tells apart models whose folders share a name
-    key = hashlib.sha256(f"{model_name}|{name}".encode()).hexdigest()[:12]
+    text = source_text(spec, data_root)
+    key = hashlib.sha256(f"{model_name}|{name}|{text}".encode()).hexdigest()[:16]
     path = cache_root() / "traces" / f"{name}-{key}.pt"
     if path.is_file():
-        stored = torch.load(path)
-        return Trace(name, stored["token_ids"], stored["correct"], list(stored["layers"]))
+        try:
+            stored = torch.load(path)
+            return Trace(name, stored["token_ids"], stored["correct"], list(stored["layers"]))
+        except Exception as error:  # a torn or foreign file: torch raises many kinds
+            raise EvaluationError(
+                f"the trace cache file {path} is unreadable ({error}): delete it to record again"
+            ) from error
     model, tokenizer = model_loader()
-    token_ids = text_tokens(tokenizer, source_text(*parse_source(spec), data_root), length, spec)
+    token_ids = text_tokens(tokenizer, text, length, spec)
     trace = record(model, token_ids, name, per_kv_group)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(".tmp")

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+import pandas as pd
 import torch
 from matplotlib.figure import Figure
 from tqdm import tqdm
@@ -19,32 +20,32 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.backends import LOCAL, Backend, Unit, interactive, run_units
 from evaluation.budgets import Budget
 from evaluation.errors import EvaluationError
-from evaluation.models import load_model_or_explain
-from evaluation.run_record import RunRecord
-from evaluation.scorecard import Entry, entries_from_rows, write_tables
+from evaluation.models import ModelSettings
+from evaluation.run_record import RunRecord, fingerprint
+from evaluation.scorecard import Benchmark, scores_frame, summarize, write_scorecard
 from evaluation.store import ResultStore
-from evaluation.traces import controlled
+from evaluation.traces import H2O_WINDOW, controlled
 from evaluation.traces.policies import (
-    H2O_WINDOW,
     LAG_SWEEP,
     LayerTrace,
     Policy,
     default_policies,
     lag_sweep,
     runnable,
+    sweep_name,
 )
-from evaluation.traces.record import Trace, load_or_record, parse_source, trace_name
+from evaluation.traces.record import Trace, load_or_record, source_file, source_text, trace_name
 from evaluation.traces.replay import Replay, recent_share, replay
 
 METRICS = ("retained_mass", "heavy_hitter_recall", "hit_rate")
 RECENT, FIRST = 64, 4  # the TOVA seed's claim: the 64 most recent and the 4 first positions stay held
-RESULTS_DEFINING = ("model", "length", "per_kv_group", "threshold", "h2o_window")
+RESULTS_DEFINING = ("model", "dtype", "length", "per_kv_group", "threshold", "h2o_window", "data_fingerprint")
 SUMMARY = "summary"
 
 
 @dataclass
 class TracesConfig:
-    model: str
+    model: ModelSettings
     texts: list[str]
     length: int
     budgets: list[int]
@@ -52,7 +53,6 @@ class TracesConfig:
     threshold: float
     data_root: Path
     output: Path
-    device: str = "cpu"
     h2o_window: int = H2O_WINDOW
 
 
@@ -104,7 +104,9 @@ def run_trace(
 ) -> None:
     """One unit: one text's trace (recorded or read from the cache), every missing policy x budget replayed."""
     spec: str = unit.payload
-    trace = load_or_record(lambda: loaded, config.model, spec, config.length, config.per_kv_group, config.data_root)
+    trace = load_or_record(
+        lambda: loaded, config.model.name, spec, config.length, config.per_kv_group, config.data_root
+    )
     stacked = LayerTrace(torch.cat(trace.layers), trace.correct, config.threshold)  # every layer's groups at once
     if (trace.name, "", "", SUMMARY) not in store:
         store.append(summary_row(trace, spec, stacked))
@@ -121,28 +123,50 @@ def run_trace(
 
 
 def unit_keys(config: TracesConfig, spec: str) -> frozenset:
-    name = trace_name(config.model, spec, config.length, config.per_kv_group)
+    name = trace_name(config.model.name, spec, config.length, config.per_kv_group)
     keys = {(name, p.name, Budget("tokens", b).key, metric) for p, b in replay_cells(config) for metric in METRICS}
     return frozenset(keys | {(name, "", "", SUMMARY)})
 
 
-def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
+def prepare(config: TracesConfig) -> list[tuple[Policy, int]]:
+    """The checked settings and every policy x budget a trace is replayed at."""
     for spec in config.texts:
-        parse_source(spec)
+        source_text(spec, config.data_root)
     if any(b < 64 or b >= config.length for b in config.budgets):
         raise EvaluationError(f"budgets must be at least 64 (SnapKV's window) and below --length {config.length}")
     if not 0 <= config.h2o_window < min(config.budgets):
         raise EvaluationError(f"--h2o-window {config.h2o_window} must be in [0, the smallest budget)")
     if not 0 < config.threshold < 1:
         raise EvaluationError(f"--threshold {config.threshold} must be in (0, 1): the attention that counts as a use")
-    settings = {**asdict(config), "output": str(config.output), "data_root": str(config.data_root)}
-    record = RunRecord(config.output, settings, RESULTS_DEFINING)
+    return replay_cells(config)
+
+
+def dry_run(config: TracesConfig) -> str:
+    """The replays and the work they take, without a model."""
+    cells = prepare(config)
+    return "\n".join(
+        [
+            f"Traces: {len(config.texts)} texts of {config.length} tokens ({' '.join(config.texts)}), model "
+            f"{config.model.name}: {len(cells)} policy x budget replays each",
+            *(f"  {policy.name} @ {budget}" for policy, budget in cells),
+            f"prefills: {len(config.texts)} (one per trace, skipped when the trace is cached); decodes: none",
+        ]
+    )
+
+
+def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
+    prepare(config)
+    settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
+    settings["data_root"] = str(config.data_root)
+    settings["data_fingerprint"] = fingerprint(*sorted({source_file(spec, config.data_root) for spec in config.texts}))
+    record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record())
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [Unit(spec, spec, unit_keys(config, spec)) for spec in config.texts]
-    load = partial(load_model_or_explain, config.model, device=config.device)
-    outcome = run_units(units, partial(run_trace, config=config), load, store, backend, config.device)
+    outcome = run_units(
+        units, partial(run_trace, config=config), config.model.load, store, backend, config.model.device
+    )
     write_traces_scorecard(config.output, store.rows, config.budgets, config.h2o_window)
-    record.finish(outcome.ran, model=config.model, device=config.device, backend=backend.kind)
+    record.finish(outcome.ran, backend=backend.kind)
     outcome.raise_failures(backend.retries)
     return config.output
 
@@ -158,65 +182,40 @@ def conditions(row: dict) -> list[str]:
     return [] if row["metric"] == SUMMARY else [row["metric"]]
 
 
-def traces_entries(rows: list[dict]) -> list[Entry]:
-    return entries_from_rows(rows, conditions, scale=1, digits=3)
+BENCHMARK = Benchmark("Traces", conditions, lambda row: (row["trace"],), 1, 3, METRICS)
+REFERENCE = "h2o"
 
 
 def write_traces_scorecard(output: Path, rows: list[dict], budgets: list[int], h2o_window: int) -> None:
     labels = [Budget("tokens", b).label for b in budgets]
-    main = [p.name for p in default_policies(h2o_window)]
-    sweep = [p.name for p in lag_sweep()]
-    entries = traces_entries(rows)
-    write_tables(output, entries, main + sweep, labels, f"Traces: {output.name}", "Trace metrics, mean over layers", 3)
-    plot_retained_mass(output / "retained_mass.png", entries, main, labels)
-    plot_lag_sweep(output / "lag_sweep.png", entries, labels)
+    policies = [p.name for p in default_policies(h2o_window) + lag_sweep()]
+    summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
+    note = (
+        "Trace metrics, mean over layers; each cell: mean [95% bootstrap interval over traces] (n traces). With "
+        "two texts an interval describes those two texts, not a population."
+    )
+    write_scorecard(output, summary, f"Traces: {output.name}", note, REFERENCE, policies, labels)
+    plot_lag_sweep(output / "lag_sweep.png", summary, labels)
     controlled.run(output)
 
 
-def plot_retained_mass(path: Path, entries: list[Entry], policies: list[str], labels: list[str]) -> None:
-    figure = Figure(figsize=(8, 4.5), dpi=100)
-    axes = figure.add_subplot()
-    for policy in policies:
-        points = [
-            (i, e.score)
-            for i, label in enumerate(labels)
-            for e in entries
-            if (e.condition, e.budget, e.press) == ("retained_mass", label, policy)
-        ]
-        if points:
-            style = {"color": "black", "linewidth": 2.5} if policy == "belady" else {}
-            axes.plot(*zip(*points, strict=True), marker="o", label=policy, **style)
-    axes.set_xticks(range(len(labels)), labels)
-    axes.set_xlabel("budget")
-    axes.set_ylabel("retained attention mass (mean over steps and layers)")
-    axes.legend(fontsize=8)
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-
-
-def plot_lag_sweep(path: Path, entries: list[Entry], labels: list[str]) -> None:
-    figure = Figure(figsize=(8, 4.5), dpi=100)
+def plot_lag_sweep(path: Path, summary: pd.DataFrame, labels: list[str]) -> None:
+    """Hit rate against the commit lag, a line per budget, with TOVA, H2O and Belady as horizontal lines."""
+    hits = summary[summary["condition"] == "hit_rate"].set_index(["budget", "press"])["mean"]
+    figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
     axes = figure.add_subplot()
     for label in labels:
-        points = [
-            (lag, e.score)
-            for lag in LAG_SWEEP
-            for e in entries
-            if (e.condition, e.budget, e.press) == ("hit_rate", label, f"rmm-H{lag}")
-        ]
+        points = [(lag, hits[label, name]) for lag in LAG_SWEEP if (label, name := sweep_name(lag)) in hits.index]
         if not points:
             continue
         line = axes.plot([max(lag, 0.5) for lag, _ in points], [s for _, s in points], marker="o", label=label)[0]
         for name, style in (("tova", ":"), ("h2o", "--"), ("belady", "-.")):
-            reference = [e.score for e in entries if (e.condition, e.budget, e.press) == ("hit_rate", label, name)]
-            if reference:
-                axes.axhline(reference[0], linestyle=style, color=line.get_color(), alpha=0.6)
+            if (label, name) in hits.index:
+                axes.axhline(hits[label, name], linestyle=style, color=line.get_color(), alpha=0.6)
     axes.set_xscale("log")
     axes.set_xlabel("RMM commit lag H (0 drawn at 0.5)")
     axes.set_ylabel("hit rate on Belady's requests")
     axes.set_title("lag sweep; horizontal lines: TOVA (dotted), H2O (dashed), Belady (dash-dot)", fontsize=9)
     axes.legend(title="budget", fontsize=8)
     axes.grid(alpha=0.3)
-    figure.tight_layout()
     figure.savefig(path)

@@ -1,0 +1,67 @@
+"""Scorecard pictures: the forest plot of differences against the reference and the absolute scores, with no
+two pieces of text overlapping (matplotlib's own text extents) at 2 and at 12 presses."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.text import Text
+
+from evaluation.scorecard import MARKERS, plot_forest, plot_scores, summarize
+
+CONDITIONS = ["LongBench multi_news", "LoCoMo overall (1-4)", "LoCoMo later turns", "LoCoMo temporal (2)"]
+BUDGETS = ["keep 50%", "keep 25%"]
+
+
+def frame_for(presses: list[str]) -> pd.DataFrame:
+    """Scores of 20 examples per cell; each press a little better or worse than h2o."""
+    rng = np.random.default_rng(0)
+    records = []
+    for condition, budget, (index, press) in itertools.product(CONDITIONS, BUDGETS, enumerate(presses)):
+        for example in range(20):
+            score = 0.4 + 0.02 * (index - len(presses) / 2) + rng.normal(0, 0.05)
+            records.append((condition, budget, press, (example,), score, False, 3))
+    for condition, example in itertools.product(CONDITIONS, range(20)):
+        records.append((condition, "full", "full", (example,), 0.5 + rng.normal(0, 0.05), False, 3))
+    return pd.DataFrame(records, columns=["condition", "budget", "press", "example", "score", "failed", "digits"])
+
+
+def overlapping_texts(figure) -> list[tuple[str, str]]:
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = [
+        (text.get_text(), text.get_window_extent(renderer))
+        for text in figure.findobj(Text)
+        if text.get_visible() and text.get_text().strip() and text.get_window_extent(renderer).width > 0
+    ]
+    return [(a, b) for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2) if box_a.overlaps(box_b)]
+
+
+@pytest.mark.parametrize("count", [2, 12])
+def test_pictures_have_no_overlapping_text(tmp_path, count):
+    presses = ["h2o", *[f"press-{i}(lag={i})" for i in range(count - 1)]]
+    summary = summarize(frame_for(presses), "h2o", resamples=200)
+    scores = plot_scores(tmp_path / "scores.png", summary, ["full", *presses], BUDGETS)
+    forest = plot_forest(tmp_path / "forest.png", summary, "h2o")
+    assert overlapping_texts(scores) == []
+    assert overlapping_texts(forest) == []
+    verdicts = set(summary["verdict"]) - {"reference", "-"}
+    assert verdicts <= {"win", "tie", "loss"} and verdicts
+    height = forest.get_figheight()
+    rows = len(CONDITIONS) * len(BUDGETS)
+    assert height < 0.5 * rows + 4, "sized to its content, readable on one page"
+
+
+def test_the_forest_plot_draws_every_compared_press_with_its_interval(tmp_path):
+    presses = ["h2o", "tova", "rmm"]
+    summary = summarize(frame_for(presses), "h2o", resamples=200)
+    forest = plot_forest(tmp_path / "forest.png", summary, "h2o")
+    lines = [line for axis in forest.axes for line in axis.get_lines()]
+    assert sum(line.get_marker() in set(MARKERS) for line in lines) == 2 * len(CONDITIONS) * len(BUDGETS)
+    legend = [text.get_text() for text in forest.legends[0].get_texts()]
+    assert legend == ["tova", "rmm", "win", "tie", "loss"]
