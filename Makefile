@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LONGBENCH_DIR ?= ../shared/data/longbench
 LOCOMO_PATH ?= ../shared/data/locomo/locomo10.json
 
-.PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed eval-locomo-file \
+.PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
 	eval-traces scorecard bench
 
 # A virtual environment with the stack pinned by constraints.txt (torch's CPU wheel), the Ray extra (its tests
@@ -46,11 +46,6 @@ eval-longbench-committed: setup
 eval-locomo-committed: setup
 	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --max-turns 20 --placement evidence --budgets 512 1800 \
 		--output results/locomo/smollm2-135m
-
-# How much of the evidence the file placement lets SmolLM2 see (the full cache only: a run's scorecard counts it).
-eval-locomo-file: setup
-	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --max-turns 20 --placement file --presses full \
-		--output results/locomo/smollm2-135m-file
 
 # The eviction lab: SmolLM2's attention on two real texts (2,048 tokens each), every policy against Belady.
 eval-traces: setup

@@ -179,6 +179,16 @@ def test_dropped_sessions_make_questions_unanswerable(model_dir, data_file, tmp_
     assert "evidence inside the history for 1 of 4 questions (25%)" in (output / "scorecard.md").read_text()
 
 
+def test_the_dry_run_counts_the_evidence_the_file_placement_keeps(model_dir, data_file, tmp_path, capsys):
+    # 300 tokens hold session 2 only: question 1 (D2:1) is visible, 0 and 2 (D1) and 3 (D1 and D2) are not
+    extra = ("--max-history-tokens", "300", "--presses", "full", "--dry-run")
+    assert locomo(model_dir, data_file, tmp_path / "plan", *extra) == 0
+    assert "evidence inside the history for 1 of 4 questions (25%)" in capsys.readouterr().out
+    assert not (tmp_path / "plan").exists(), "a dry run writes nothing"
+    assert locomo(model_dir, data_file, tmp_path / "plan", "--max-new-tokens", "4000", "--dry-run") == 2
+    assert "questions and answers take" in capsys.readouterr().err
+
+
 def test_evidence_placement_asks_each_question_after_its_last_evidence_session(model_dir, data_file, tmp_path):
     output = tmp_path / "evidence"
     assert locomo(model_dir, data_file, output, "--placement", "evidence", "--presses", "full", "rmm") == 0

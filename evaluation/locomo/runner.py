@@ -119,6 +119,45 @@ def fit_sessions(
     raise EvaluationError(f"{conversation.sample_id}: not even its last session fits in {limit} history tokens")
 
 
+def evidence_inside(question: Question, window: set[int]) -> bool:
+    """Whether every evidence session of ``question`` is among the sessions ``window`` (none: not visible)."""
+    return bool(question.evidence_sessions) and question.evidence_sessions <= window
+
+
+def turn_room(conversation: Conversation, framing: Framing, questions: list[Question], max_new_tokens: int) -> int:
+    """Tokens that the questions and gold answers of ``questions`` add, plus room for one generated answer."""
+    room = max_new_tokens
+    for question in questions:
+        prompt = question_prompt(conversation, question)
+        room += len(framing.question_ids([], prompt)) + len(framing.answer_ids([], prompt, gold_answer(question)))
+    return room + max_new_tokens * len(questions)
+
+
+def file_sessions(
+    conversation: Conversation,
+    questions: list[Question],
+    tokenizer: PreTrainedTokenizerBase,
+    context: int,
+    config: LoCoMoConfig,
+) -> list[Session]:
+    """The sessions the file placement keeps: the newest that fit the history limit (by default the context
+    less the room the questions and answers take)."""
+
+    def framing_for(sessions: list[Session]) -> Framing:
+        return Framing(tokenizer, render_conversation(conversation, sessions))
+
+    limit = config.max_history_tokens
+    if limit is None:
+        room = turn_room(conversation, framing_for(conversation.sessions), questions, config.max_new_tokens)
+        if room >= context:
+            raise EvaluationError(
+                f"{conversation.sample_id}: its {len(questions)} questions and answers take {room} tokens, more than "
+                f"the model's context of {context}: ask fewer (--max-turns) or use --placement evidence"
+            )
+        limit = context - room
+    return fit_sessions(framing_for, conversation, limit)
+
+
 class ConversationRun:
     """One conversation streamed through every cell; one shared history unless answers are the model's own."""
 
@@ -129,14 +168,6 @@ class ConversationRun:
         self.stop = eos_ids(model)
         self.context = min(tokenizer.model_max_length, model.config.max_position_embeddings)
         self.kinds = TEACHER_FORCED_KINDS[config.rmm_weights]
-
-    def turn_room(self, framing: Framing, questions: list[Question]) -> int:
-        """Tokens that the questions and gold answers of ``questions`` add, plus room for one generated answer."""
-        room = self.config.max_new_tokens
-        for question in questions:
-            prompt = question_prompt(self.conversation, question)
-            room += len(framing.question_ids([], prompt)) + len(framing.answer_ids([], prompt, gold_answer(question)))
-        return room + self.config.max_new_tokens * len(questions)
 
     def history(self, cells: list[Cell]) -> History:
         return History(self.model, self.kinds, [make_press(name, 0.5) for name, _ in cells])
@@ -151,15 +182,8 @@ class ConversationRun:
 
     def stream_file_order(self, questions: list[Question]) -> None:
         conversation = self.conversation
-
-        def framing_for(sessions: list[Session]) -> Framing:
-            return Framing(self.tokenizer, render_conversation(conversation, sessions))
-
-        limit = self.config.max_history_tokens
-        if limit is None:
-            limit = self.context - self.turn_room(framing_for(conversation.sessions), questions)
-        sessions = fit_sessions(framing_for, conversation, limit)
-        framing = framing_for(sessions)
+        sessions = file_sessions(conversation, questions, self.tokenizer, self.context, self.config)
+        framing = Framing(self.tokenizer, render_conversation(conversation, sessions))
         window = {session.number for session in sessions}
         start_ids = framing.start_ids()
         for budget in self.config.budgets:
@@ -195,7 +219,8 @@ class ConversationRun:
         limit = self.config.max_history_tokens
         if limit is None:
             after = {n: [q for q in questions if asked_after[q.index] == n] for n in set(asked_after.values())}
-            limit = self.context - max((self.turn_room(framing, group) for group in after.values()), default=0)
+            rooms = (turn_room(conversation, framing, group, self.config.max_new_tokens) for group in after.values())
+            limit = self.context - max(rooms, default=0)
         items: list[tuple[str, object, int]] = []  # the stream so far: ("session", text, n) or ("turn", (q, a), n)
         history, messages = self.rebuild(framing, items)
         turn = 0
@@ -242,7 +267,7 @@ class ConversationRun:
         """Answer the cells that lack a row for ``question`` from ``history``, and store their rows."""
         missing = [cell for cell in cells if cell_key(self.conversation, question, cell) not in self.store]
         if missing:
-            visible = bool(question.evidence_sessions) and question.evidence_sessions <= window
+            visible = evidence_inside(question, window)
             for row in self.answer(history, question_ids, question, missing, turn, visible):
                 self.store.append(row)
                 self.bar.update()
@@ -377,7 +402,31 @@ def dry_run(config: LoCoMoConfig) -> str:
         f"decodes: {questions * len(cells)}, in {questions * histories // len(conversations)} batches, at most "
         f"{config.max_new_tokens} tokens each",
     ]
+    if config.placement == "file":
+        lines.append(file_visibility(config, conversations))
     return "\n".join(lines)
+
+
+def file_visibility(config: LoCoMoConfig, conversations: list[Conversation]) -> str:
+    """For the file placement, how many asked questions have their evidence in the sessions that fit: it needs
+    the model's tokenizer and configuration only."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from evaluation.models import resolve_model_path
+
+    try:
+        path = resolve_model_path(config.model.name)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        context = min(tokenizer.model_max_length, AutoConfig.from_pretrained(path).max_position_embeddings)
+    except Exception as error:  # an unreachable hub id or a folder without a tokenizer: the plan stands without it
+        return f"evidence visibility: needs the tokenizer of {config.model.name} ({type(error).__name__})"
+    visible = total = 0
+    for conversation in conversations:
+        questions = asked_questions(conversation, config)
+        window = {s.number for s in file_sessions(conversation, questions, tokenizer, context, config)}
+        visible += sum(evidence_inside(question, window) for question in questions)
+        total += len(questions)
+    return f"evidence inside the history for {visible} of {total} questions ({100 * visible / max(total, 1):.0f}%)"
 
 
 def run(config: LoCoMoConfig, backend: Backend = LOCAL) -> Path:
