@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -112,6 +113,7 @@ class RMMPress(OrderedScorerPress):
     fused_attention: bool = False
 
     _smoothers: dict[int, Smoother] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _caches: dict[int, weakref.ref] = field(default_factory=dict, init=False, repr=False, compare=False)
     _transcript: Transcript = field(default_factory=Transcript, init=False, repr=False, compare=False)
     _model: PreTrainedModel | None = field(default=None, init=False, repr=False, compare=False)
     _deferring: bool = field(default=False, init=False, repr=False, compare=False)
@@ -204,8 +206,13 @@ class RMMPress(OrderedScorerPress):
         n_rows = hidden_states.shape[1]
         positions = row_positions(kwargs, n_rows).expand(batch, -1)
         prefilling = is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1])
+        cache = kwargs.get("past_key_values")
+        known = self._caches.get(module.layer_idx)
+        if known is not None and known() is not cache:  # another sequence's cache: its smoother is not this one's
+            self._smoothers.pop(module.layer_idx, None)
         smoother = self._smoother(module.layer_idx, positions, num_kv_heads, k_len, n_rows, prefilling)
         self._smoothers[module.layer_idx] = smoother
+        self._caches[module.layer_idx] = weakref.ref(cache) if cache is not None else lambda: None
         fused = take_fused_sums(module, k_len) if prefilling and attentions is None else None
         if fused is not None:
             smoother.set_sums(group_mean(fused.float(), num_kv_heads))
@@ -289,10 +296,11 @@ class RMMPress(OrderedScorerPress):
         self._transcript.store(positions, context, top1_predictions(self._model.get_output_embeddings(), hidden))
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
-        """Inside another press, record the token ids and predictions of what the model runs."""
-        self._smoothers = {}
+        """Inside another press, record the token ids and predictions of what the model runs. The smoothers and
+        the transcript outlive the wrapper's context: kvpress's pipeline prefills under one entry and decodes the
+        same cache under a second; a new sequence starts afresh (a prefill at position 0 clears the transcript,
+        and a prefill or another cache object starts a new smoother)."""
         self._transcript.detach()
-        self._transcript.clear()
         self._model = model
         if self.teacher_forced and not self._deferring:
             self._transcript.attach(model, self)
@@ -314,7 +322,8 @@ class RMMPress(OrderedScorerPress):
             finally:
                 commit.remove()
         finally:
-            self._deferring, self._deferred, self._smoothers, self._model = False, [], {}, None
+            self._deferring, self._deferred, self._model = False, [], None
+            self._smoothers, self._caches = {}, {}
             self._transcript.clear()
 
     def _fused_sums(self, model: PreTrainedModel) -> AbstractContextManager[None]:

@@ -9,6 +9,7 @@ from kvpress import (
     DecodingPress,
     KeyRerotationPress,
     PerLayerCompressionPress,
+    PrefillDecodingPress,
 )
 from kvpress.utils import compute_n_kept
 from transformers import AttentionInterface, DynamicCache, pipeline
@@ -134,3 +135,38 @@ def test_inside_decoding_press(generator, name):
     question_step, *decode_steps = lengths
     assert question_step > 48, "the question step is the first decoding step: nothing compressed yet"
     assert decode_steps == [48, 49, 48, 49], "compressed to the target every second step"
+
+
+@pytest.mark.parametrize("correctness", ["teacher_forced", "uniform"])
+def test_one_rmm_press_for_the_prefill_and_the_decoding_of_the_pipeline(generator, correctness):
+    # kvpress's pipeline enters the press once to prefill and again to decode the same cache: the smoother of
+    # the prefill must carry on into decoding (a fresh one could not know the positions the prefill kept)
+    lengths: list[int] = []
+
+    def record(module, args, kwargs, output):
+        lengths.append(kwargs["past_key_values"].get_seq_length())
+
+    rmm = RMMPress(compression_ratio=0.5, lag=4, correctness=correctness)
+    press = PrefillDecodingPress(prefilling_press=rmm, decoding_press=DecodingPress(rmm, 2, target_size=48))
+    handle = generator.model.model.register_forward_hook(record, with_kwargs=True)  # the prefill runs it alone
+    try:
+        run(generator, press, questions=QUESTIONS[:1])
+    finally:
+        handle.remove()
+    prefill, question_step, *decode_steps = lengths
+    assert prefill == compute_n_kept(context_length(generator), 0.5), "the prefill at the matched budget"
+    assert question_step > 48 and decode_steps == [48, 49, 48, 49], "then DecodingPress's target, every second step"
+
+
+def test_a_reused_prefill_decoding_rmm_starts_each_sample_afresh(generator):
+    def answer(press, context: str) -> str:
+        return generator(context, question=QUESTIONS[0], press=press, max_new_tokens=8)["answer"]
+
+    def make() -> PrefillDecodingPress:
+        rmm = RMMPress(compression_ratio=0.5, lag=4)
+        return PrefillDecodingPress(prefilling_press=rmm, decoding_press=DecodingPress(rmm, 2, target_size=48))
+
+    reused = make()
+    answer(reused, CONTEXT)
+    other = "A baker in the valley sold bread to travellers and counted loaves before dawn. " * 3
+    assert answer(reused, other) == answer(make(), other)
