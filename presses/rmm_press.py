@@ -241,7 +241,8 @@ class RMMPress(OrderedScorerPress):
         new sequence (a prefill: every row, before any eviction of an earlier press; or the first decoding step
         that meets an uncompressed cache)."""
         smoother = None if prefilling else self._smoothers.get(layer)
-        if smoother is not None and smoother.positions.shape[0] == positions.shape[0]:
+        continues = smoother is not None and int(positions[0, 0]) > int(smoother.newest[0])
+        if continues and smoother.positions.shape[0] == positions.shape[0]:
             appended = int(positions[0, -1] - smoother.newest[0])
             if smoother.size + appended == k_len:
                 if appended > n_rows:
@@ -307,6 +308,8 @@ class RMMPress(OrderedScorerPress):
 
     @contextmanager
     def __call__(self, model: PreTrainedModel) -> Iterator[None]:
+        self._smoothers, self._caches = {}, {}
+        self._transcript.clear()
         try:
             if not self.teacher_forced:
                 with self._fused_sums(model), super().__call__(model):

@@ -106,8 +106,9 @@ class Transcript:
 
     ``attach`` hooks the decoder stack (its input ids) and its final norm (the predictions of every row it
     outputs). The hooks live as long as the wrapper press that runs ``owner``: once its attention hooks are
-    removed (the wrapper's context exits), the transcript's own hooks are removed with them. ``correct(p)``:
-    whether the prediction at position p matched the token at p + 1 (None while either is unknown).
+    removed (the wrapper's context exits), the transcript's own hooks are removed with them. A forward supersedes
+    everything recorded from its first position on (a new sequence, a cache cropped for the next question).
+    ``correct(p)``: whether the prediction at position p matched the token at p + 1 (None while either is unknown).
     """
 
     def __init__(self) -> None:
@@ -147,8 +148,8 @@ class Transcript:
         if ids is None:
             return
         positions = forward_positions(kwargs, ids.shape[1], ids.device).expand(ids.shape[0], -1)
-        if int(positions.min()) == 0:
-            self.clear()
+        first = max(int(positions.min()), 0)  # what this forward runs from supersedes anything recorded there
+        self.tokens, self.predictions = self.tokens[:, :first], self.predictions[:, :first]
         self.tokens = _write(self.tokens, positions, ids)
         self._last_positions = positions
 

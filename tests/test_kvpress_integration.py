@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from kvpress import (
     AdaKVPress,
     ComposedPress,
@@ -159,14 +160,31 @@ def test_one_rmm_press_for_the_prefill_and_the_decoding_of_the_pipeline(generato
 
 
 def test_a_reused_prefill_decoding_rmm_starts_each_sample_afresh(generator):
-    def answer(press, context: str) -> str:
-        return generator(context, question=QUESTIONS[0], press=press, max_new_tokens=8)["answer"]
-
     def make() -> PrefillDecodingPress:
         rmm = RMMPress(compression_ratio=0.5, lag=4)
         return PrefillDecodingPress(prefilling_press=rmm, decoding_press=DecodingPress(rmm, 2, target_size=48))
 
+    def kept(press, context: str) -> torch.Tensor:
+        cache = DynamicCache()
+        generator(context, question=QUESTIONS[0], press=press, max_new_tokens=8, cache=cache)
+        return torch.cat([layer.keys for layer in cache.layers], dim=2)
+
     reused = make()
-    answer(reused, CONTEXT)
+    kept(reused, CONTEXT)
     other = "A baker in the valley sold bread to travellers and counted loaves before dawn. " * 3
-    assert answer(reused, other) == answer(make(), other)
+    assert torch.equal(kept(reused, other), kept(make(), other))
+
+
+def test_a_reused_decoding_rmm_answers_each_question_as_a_fresh_one(generator):
+    # the pipeline takes one question per call under DecodingPress: a reused press must forget the last answer
+    def make() -> DecodingPress:
+        return DecodingPress(RMMPress(lag=4), 2, target_size=48)
+
+    def kept(press, question: str) -> torch.Tensor:
+        cache = DynamicCache()
+        generator(CONTEXT, question=question, press=press, max_new_tokens=8, cache=cache)
+        return torch.cat([layer.keys for layer in cache.layers], dim=2)
+
+    reused = make()
+    kept(reused, QUESTIONS[0])
+    assert torch.equal(kept(reused, QUESTIONS[1]), kept(make(), QUESTIONS[1]))
