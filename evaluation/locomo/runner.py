@@ -36,7 +36,7 @@ from evaluation.locomo.render import (
     resolve_choice,
 )
 from evaluation.metrics.locomo import CATEGORIES, PAPER_ORDER, score
-from evaluation.models import ModelSettings
+from evaluation.models import ModelSettings, context_length, resolve_model_path
 from evaluation.press_specs import check_presses, make_press
 from evaluation.run_record import RunRecord, fingerprint
 from evaluation.scorecard import Benchmark, scores_frame, summarize, write_scorecard
@@ -166,7 +166,7 @@ class ConversationRun:
     ) -> None:
         self.config, self.model, self.tokenizer, self.cells = config, model, tokenizer, cells
         self.stop = eos_ids(model)
-        self.context = min(tokenizer.model_max_length, model.config.max_position_embeddings)
+        self.context = context_length(tokenizer, model.config)
         self.kinds = TEACHER_FORCED_KINDS[config.rmm_weights]
 
     def history(self, cells: list[Cell]) -> History:
@@ -412,12 +412,10 @@ def file_visibility(config: LoCoMoConfig, conversations: list[Conversation]) -> 
     the model's tokenizer and configuration only."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from evaluation.models import resolve_model_path
-
     try:
         path = resolve_model_path(config.model.name)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        context = min(tokenizer.model_max_length, AutoConfig.from_pretrained(path).max_position_embeddings)
+        context = context_length(tokenizer, AutoConfig.from_pretrained(path))
     except Exception as error:  # an unreachable hub id or a folder without a tokenizer: the plan stands without it
         return f"evidence visibility: needs the tokenizer of {config.model.name} ({type(error).__name__})"
     visible = total = 0

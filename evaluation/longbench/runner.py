@@ -32,7 +32,7 @@ from evaluation.longbench.data import (
 )
 from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
 from evaluation.metrics.longbench import sample_score
-from evaluation.models import ModelSettings
+from evaluation.models import ModelSettings, context_length
 from evaluation.press_specs import FULL_CACHE, check_presses, make_press, needs_eager
 from evaluation.run_record import RunRecord, fingerprint
 from evaluation.scorecard import Benchmark, scores_frame, summarize, write_scorecard
@@ -75,7 +75,7 @@ def prompt_budget(
     """The official truncation length: ``--max-length``, else the model's context less the answer and chat room."""
     if config.max_length is not None:
         return config.max_length
-    context = min(tokenizer.model_max_length, model.config.max_position_embeddings)
+    context = context_length(tokenizer, model.config)
     return context - task.max_new_tokens - CHAT_MARGIN
 
 
