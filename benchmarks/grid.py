@@ -67,6 +67,7 @@ def ray_workers(args: argparse.Namespace) -> dict:
 
 def shared_against_per_cell(args: argparse.Namespace) -> dict:
 
+    from evaluation.backends import quiet_libraries
     from evaluation.budgets import parse_budgets, press_cells
     from evaluation.cli import DEFAULT_RATIOS
     from evaluation.longbench.data import load_configs, load_task
@@ -76,6 +77,7 @@ def shared_against_per_cell(args: argparse.Namespace) -> dict:
     from evaluation.press_specs import DEFAULT_PRESSES
 
     settings = ModelSettings()
+    quiet_libraries()
     model, tokenizer = settings.load()
     config = LongBenchConfig(
         model=settings,

@@ -48,9 +48,11 @@ def child(mode: str, length: int, data: Path) -> None:
     from kvpress import ObservedAttentionPress
     from transformers import DynamicCache
 
+    from evaluation.backends import quiet_libraries
     from evaluation.models import load_model
     from presses import RMMPress
 
+    quiet_libraries()
     model, tokenizer = load_model(attn_implementation="eager" if mode == "eager-h2o" else "sdpa")
     ids = token_ids(tokenizer, data, length)
     press = {

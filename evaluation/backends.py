@@ -56,6 +56,18 @@ def interactive() -> bool:
     return sys.stderr.isatty()
 
 
+def quiet_libraries() -> None:
+    """Without a terminal, no weight-loading or download bars (a log would hold thousands of redraws)."""
+    if not interactive():
+        import datasets
+        import huggingface_hub.utils
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        huggingface_hub.utils.disable_progress_bars()
+        datasets.disable_progress_bars()
+
+
 Work = Callable[[Any, Unit, ResultStore], None]
 
 

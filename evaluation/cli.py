@@ -327,20 +327,6 @@ def run_scorecard(args: argparse.Namespace) -> Path:
     return args.output
 
 
-def quiet_libraries() -> None:
-    """Without a terminal, no weight-loading or download bars (a log would hold thousands of redraws)."""
-    from evaluation.backends import interactive
-
-    if not interactive():
-        import datasets
-        import huggingface_hub.utils
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()
-        huggingface_hub.utils.disable_progress_bars()
-        datasets.disable_progress_bars()
-
-
 def parser_for_every_command() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -365,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(json.dumps(rescore(args.benchmark, args.file, args.per_row)))
             return 0
+        from evaluation.backends import quiet_libraries
+
         quiet_libraries()
         if args.command == "scorecard":
             print(f"scorecard: {run_scorecard(args) / 'scorecard.md'}")

@@ -11,9 +11,10 @@ import torch
 from kvpress.utils import compute_n_kept
 
 from evaluation.cli import main
-from evaluation.longbench.data import Example, TaskConfig
+from evaluation.json_data import load_json_rows
+from evaluation.longbench.data import Example, TaskConfig, load_task, parquet_rows, write_jsonl
 from evaluation.longbench.prompts import build_prompt
-from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
+from tests.helpers import CHAT_TEMPLATE, SHARED_DATA, byte_tokenizer, tiny_model
 
 PROMPTS = {
     "hotpotqa": "Read the passages.\n\n{context}\n\nQuestion: {input}\nAnswer:",
@@ -202,13 +203,31 @@ def test_a_malformed_jsonl_line_is_reported_with_its_file(model_dir, data_dir, t
 
 
 def test_no_data_dir_and_no_hub_says_what_to_pass(tmp_path, capsys, monkeypatch):
-    def unreachable(**_: object) -> None:
+    def unreachable(*_: object) -> None:
         raise ConnectionError("no network")
 
     monkeypatch.delenv("LONGBENCH_DIR", raising=False)
-    monkeypatch.setattr("evaluation.longbench.data.hf_hub_download", unreachable)
+    monkeypatch.setattr("evaluation.longbench.data.parquet_rows", unreachable)
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
     assert main(["longbench", "--output", str(tmp_path / "out"), "--n", "1"]) == 2
     error = capsys.readouterr().err
-    assert "no LongBench data: no --data-dir or LONGBENCH_DIR was given, and downloading THUDM/LongBench" in error
-    assert "ConnectionError: no network" in error and "Pass --data-dir" in error
+    assert "no LongBench data: no --data or LONGBENCH_DIR was given, and downloading THUDM/LongBench" in error
+    assert "ConnectionError: no network" in error and "Pass --data " in error
+
+
+@pytest.mark.parametrize("layout", ["{task}/test/0000.parquet", "{task}/longbench-test.parquet"])
+def test_the_hub_parquet_copy_gives_the_official_rows(tmp_path, layout):
+    import datasets
+
+    official = SHARED_DATA / "longbench"
+    rows = load_json_rows(official / "multi_news.jsonl")
+    copy = tmp_path / "hub" / layout.format(task="multi_news")
+    copy.parent.mkdir(parents=True)
+    datasets.Dataset.from_list(rows).to_parquet(str(copy))
+    converted = tmp_path / "converted"
+    (converted / "config").mkdir(parents=True)
+    write_jsonl(converted / "multi_news.jsonl", parquet_rows(str(tmp_path / "hub"), "multi_news", None))
+    assert load_task(converted, "multi_news") == load_task(official, "multi_news")
+    assert (converted / "multi_news.jsonl").read_text().splitlines() == [
+        json.dumps(row, ensure_ascii=False) for row in rows
+    ]

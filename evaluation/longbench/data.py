@@ -1,17 +1,15 @@
 """LongBench v1 data in the official layout: ``<task>.jsonl`` plus ``config/dataset2prompt.json`` and
-``config/dataset2maxlen.json``. From a folder (``--data-dir`` or ``LONGBENCH_DIR``), or with the network from
-the hub dataset ``THUDM/LongBench`` and the official repository, downloaded once and cached."""
+``config/dataset2maxlen.json``. From a folder (``--data`` or ``LONGBENCH_DIR``), or with the network from the
+hub's parquet copy of ``THUDM/LongBench`` (the official rows, converted by the hub) and the configs of the
+official repository, downloaded once per task into that layout and cached."""
 
 from __future__ import annotations
 
 import json
 import os
 import urllib.request
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
-from huggingface_hub import hf_hub_download
 
 from evaluation.errors import EvaluationError
 from evaluation.json_data import load_json_rows
@@ -19,6 +17,7 @@ from evaluation.metrics.longbench import TASK_METRICS
 from evaluation.models import cache_root
 
 HUB_DATASET = "THUDM/LongBench"
+PARQUET_REVISION = "refs/convert/parquet"
 CONFIG_URL = "https://raw.githubusercontent.com/THUDM/LongBench/main/LongBench/config/{}"
 CONFIG_FILES = ("dataset2prompt.json", "dataset2maxlen.json")
 FIELDS = ("input", "context", "answers", "all_classes", "_id")
@@ -47,39 +46,55 @@ def check_tasks(tasks: list[str]) -> None:
         raise EvaluationError(f"unknown LongBench task(s) {unknown}; known tasks: {', '.join(TASK_METRICS)}")
 
 
-def resolve_data_dir(data_dir: str | None) -> Path:
-    """The folder to read: the one given, else ``$LONGBENCH_DIR``, else the cached hub download."""
+def resolve_data_dir(data_dir: str | None, tasks: list[str]) -> Path:
+    """The folder to read: the one given, else ``$LONGBENCH_DIR``, else the cached hub download of ``tasks``."""
     given = data_dir or os.environ.get("LONGBENCH_DIR")
     if given is None:
-        return download()
+        return download(tasks)
     path = Path(given)
     if not (path / "config" / CONFIG_FILES[0]).is_file() or not (path / "config" / CONFIG_FILES[1]).is_file():
-        raise EvaluationError(f"LongBench data dir {path} is missing or incomplete: pass --data-dir {LAYOUT}.")
+        raise EvaluationError(f"LongBench data dir {path} is missing or incomplete: pass --data {LAYOUT}.")
     return path
 
 
-def download() -> Path:
-    """Fetch the official data and configs once into the cache (needs the network)."""
+def download(tasks: list[str]) -> Path:
+    """Fetch the configs and each task's rows once into the cache (needs the network)."""
     target = cache_root() / "data" / "longbench"
-    if all((target / "config" / name).is_file() for name in CONFIG_FILES):
-        return target
     try:
-        archive = hf_hub_download(repo_id=HUB_DATASET, filename="data.zip", repo_type="dataset")
-        with zipfile.ZipFile(archive) as bundle:
-            for member in bundle.namelist():
-                if member.endswith(".jsonl"):
-                    (target / Path(member).name).parent.mkdir(parents=True, exist_ok=True)
-                    (target / Path(member).name).write_bytes(bundle.read(member))
         (target / "config").mkdir(parents=True, exist_ok=True)
+        for task in tasks:
+            if not (target / f"{task}.jsonl").is_file():
+                write_jsonl(target / f"{task}.jsonl", parquet_rows(HUB_DATASET, task, PARQUET_REVISION))
         for name in CONFIG_FILES:
-            with urllib.request.urlopen(CONFIG_URL.format(name), timeout=60) as response:
-                (target / "config" / name).write_bytes(response.read())
+            if not (target / "config" / name).is_file():
+                with urllib.request.urlopen(CONFIG_URL.format(name), timeout=60) as response:
+                    write_atomically(target / "config" / name, response.read())
     except Exception as error:
         raise EvaluationError(
-            f"no LongBench data: no --data-dir or LONGBENCH_DIR was given, and downloading {HUB_DATASET} failed "
-            f"({type(error).__name__}: {error}). Pass --data-dir {LAYOUT}."
+            f"no LongBench data: no --data or LONGBENCH_DIR was given, and downloading {HUB_DATASET} failed "
+            f"({type(error).__name__}: {error}). Pass --data {LAYOUT}."
         ) from error
     return target
+
+
+def parquet_rows(source: str, task: str, revision: str | None) -> list[dict]:
+    """A task's test rows, in order, from a parquet copy laid out as the hub's conversion is
+    (``<task>/test/*.parquet`` or ``<task>/*-test.parquet``): a hub dataset id or a local folder."""
+    import datasets
+
+    return datasets.load_dataset(source, data_dir=task, split="test", revision=revision).to_list()
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """The official file layout: one JSON object per line, fields and order as given."""
+    write_atomically(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode())
+
+
+def write_atomically(path: Path, content: bytes) -> None:
+    """A download cut off halfway leaves no file that a later run would take as complete."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(content)
+    partial.replace(path)
 
 
 def read_config(path: Path) -> dict:

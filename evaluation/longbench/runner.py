@@ -249,7 +249,7 @@ def prepare(config: LongBenchConfig) -> tuple[Path, dict[str, TaskConfig], list[
     if config.path not in PATHS:
         raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
     cells = press_cells(config.presses, config.budgets, "--ratios or --budgets")
-    data_dir = resolve_data_dir(config.data_dir)
+    data_dir = resolve_data_dir(config.data_dir, config.tasks)
     task_configs = load_configs(data_dir, config.tasks)
     examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
     return data_dir, task_configs, examples, cells
