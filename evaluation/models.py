@@ -8,10 +8,12 @@ to ``from_pretrained`` unchanged (a hub id or a local folder).
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import shutil
 import tempfile
+from contextlib import nullcontext, redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -96,10 +98,14 @@ def convert_smollm2(target: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from evaluation.backends import interactive
+
     gguf_folder = smollm2_gguf_folder()
-    converted = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF)
+    # transformers' GGUF conversion draws its bars with tqdm directly, which disable_progress_bar() does not reach
+    with nullcontext() if interactive() else redirect_stderr(io.StringIO()):
+        converted = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     tokenizer = fixed_smollm2_tokenizer(converted, converted.chat_template)
-    model = AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     eos_id = tokenizer.convert_tokens_to_ids(SMOLLM2_SPECIAL["eos"])
     bos_id = tokenizer.convert_tokens_to_ids(SMOLLM2_SPECIAL["bos"])
     for config in (model.config, model.generation_config):

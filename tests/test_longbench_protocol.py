@@ -231,3 +231,15 @@ def test_the_hub_parquet_copy_gives_the_official_rows(tmp_path, layout):
     assert (converted / "multi_news.jsonl").read_text().splitlines() == [
         json.dumps(row, ensure_ascii=False) for row in rows
     ]
+
+
+def test_a_run_into_a_log_writes_no_progress_redraws(model_dir, data_dir, tmp_path):
+    import subprocess
+    import sys
+
+    arguments = ["--model", str(model_dir), "--data", str(data_dir), "--tasks", "hotpotqa", "trec", "--n", "2"]
+    command = [sys.executable, "-m", "evaluation", "longbench", *arguments, "--output", str(tmp_path / "out")]
+    log = subprocess.run(command, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    output = log.stdout + log.stderr
+    assert "\r" not in output and "Loading weights" not in output
+    assert len(output.splitlines()) <= 10, output
