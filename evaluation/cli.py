@@ -163,6 +163,57 @@ def add_locomo(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=whole(1), default=32, help="answer length limit (default 32)")
 
 
+def add_stream_options(parser: argparse.ArgumentParser, budgets: list[int], max_new_tokens: int) -> None:
+    """What a synthetic family shares with LoCoMo's streaming protocol (evidence placement, gold history)."""
+    parser.add_argument("--budgets", nargs="+", type=whole(1), default=budgets, help=f"tokens kept (default {budgets})")
+    parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
+    parser.add_argument("--episodes", type=whole(1), default=8, help="episodes per setting (default 8)")
+    parser.add_argument(
+        "--max-history-tokens",
+        type=whole(16),
+        help="history limit (default: the model's context less room to answer; larger reads past the context)",
+    )
+    parser.add_argument(
+        "--rmm-weights",
+        choices=["answers", "all"],
+        default="answers",
+        help="rows whose teacher-forced correctness weighs in RMM (default: answer tokens only)",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=whole(1), default=max_new_tokens, help=f"answer length limit ({max_new_tokens})"
+    )
+
+
+def add_reuse(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "reuse",
+        help="endogenous reuse: a code used at one turn is asked again sessions later, against matched controls",
+        description="Generate (from --seed) conversations that state lock codes session by session; each "
+        "session's code asked once (first), asked again --lag sessions later (reuse), and a same-age code never "
+        "asked before (fresh, the control). Streamed like LoCoMo's evidence placement, every press at every budget.",
+    )
+    add_common(parser, "reuse")
+    add_stream_options(parser, [256, 512], 12)
+    parser.add_argument("--sessions", type=whole(2), default=8, help="sessions per episode (default 8)")
+    parser.add_argument("--facts", type=whole(2), default=4, help="codes stated per session (default 4)")
+    parser.add_argument("--lag", type=whole(1), default=3, help="sessions between a code's two asks (default 3)")
+
+
+def add_multiquery(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "multiquery",
+        help="shared-context multi-query: one long generated document, then several questions (kv, vt, needle)",
+        description="Generate (from --seed) documents of about --lengths tokens holding key-value records, "
+        "variable chains and needles among filler, then ask several questions about each, streamed like LoCoMo: "
+        "each question answered from the history re-compressed to each budget.",
+    )
+    add_common(parser, "multiquery")
+    add_stream_options(parser, [1024, 2048], 12)
+    parser.add_argument(
+        "--lengths", nargs="+", type=whole(512), default=[4096, 8192], help="document tokens (default 4096 8192)"
+    )
+
+
 def add_traces(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "traces",
@@ -292,6 +343,36 @@ def run_protocol(args: argparse.Namespace) -> Path:
             output=output,
             max_new_tokens=args.max_new_tokens,
         )
+    elif args.command in ("reuse", "multiquery"):
+        from evaluation.locomo.runner import LoCoMoConfig, dry_run, run
+
+        episodes = (
+            {
+                "seed": args.seed,
+                "episodes": args.episodes,
+                "sessions": args.sessions,
+                "facts": args.facts,
+                "lag": args.lag,
+            }
+            if args.command == "reuse"
+            else {"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes}
+        )
+        config = LoCoMoConfig(
+            model=model,
+            presses=args.presses,
+            budgets=parse_budgets(None, args.budgets),
+            conversations=None,
+            max_turns=None,
+            max_history_tokens=args.max_history_tokens,
+            placement="evidence",
+            history="gold",
+            rmm_weights=args.rmm_weights,
+            data=None,
+            output=output,
+            max_new_tokens=args.max_new_tokens,
+            task=args.command,
+            episodes=episodes,
+        )
     else:
         from evaluation.traces.runner import TracesConfig, dry_run, run
 
@@ -332,6 +413,8 @@ def parser_for_every_command() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_longbench(subparsers)
     add_locomo(subparsers)
+    add_reuse(subparsers)
+    add_multiquery(subparsers)
     add_traces(subparsers)
     add_scorecard(subparsers)
     add_score(subparsers)

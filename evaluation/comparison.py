@@ -27,9 +27,13 @@ def load_run(run_dir: Path) -> tuple[Benchmark, list[dict]]:
     rows = read_rows(run_dir / "predictions.jsonl")
     if not rows:
         raise EvaluationError(f"{run_dir}: no predictions yet")
+    if "family" in rows[0]:
+        from evaluation.synthetic.task import SYNTHETIC_TASKS
+
+        return SYNTHETIC_TASKS[rows[0]["family"]].benchmark, rows
     benchmark = next((b for field, b in benchmarks().items() if field in rows[0]), None)
     if benchmark is None:
-        raise EvaluationError(f"{run_dir}: neither LongBench, LoCoMo nor trace results")
+        raise EvaluationError(f"{run_dir}: neither LongBench, LoCoMo, synthetic nor trace results")
     return benchmark, rows
 
 

@@ -39,8 +39,9 @@ class Question:
     question: str
     answer: str | int | None
     evidence: list[str]
-    category: int
+    category: int  # LoCoMo's 1-5; 0 for a synthetic question
     adversarial_answer: str | None
+    kind: str = ""  # a synthetic question's condition (evaluation.synthetic)
 
     @property
     def evidence_sessions(self) -> set[int]:

@@ -1,5 +1,7 @@
-"""The LoCoMo streaming protocol: before every question, re-compress the whole growing history to each
-budget with each press's own score, answer from the compressed copy, then append the turn to the history.
+"""The streaming protocol (LoCoMo's, and the synthetic families' of ``evaluation.synthetic``): before every
+question, re-compress the whole growing history to each budget with each press's own score, answer from the
+compressed copy, then append the turn to the history. A ``StreamTask`` says what a dataset contributes: its
+conversations, their text, the questions' prompts and gold answers, the scoring rule and the conditions.
 
 Two placements of the questions. ``file`` (the paper's): the conversation first, as much of it as fits the
 model's context (the oldest sessions dropped), then every question in file order. ``evidence``: the sessions
@@ -10,7 +12,7 @@ the context, the history restarts from its newest sessions (half the context), r
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -31,7 +33,6 @@ from evaluation.locomo.render import (
     gold_answer,
     header,
     question_prompt,
-    render_conversation,
     render_session,
     resolve_choice,
 )
@@ -44,6 +45,8 @@ from evaluation.store import ResultStore
 
 TEACHER_FORCED_KINDS = {"answers": frozenset({"answer"}), "all": frozenset({"conversation", "question", "answer"})}
 RESULTS_DEFINING = (
+    "task",
+    "episodes",
     "model",
     "dtype",
     "attn_implementation",
@@ -73,6 +76,37 @@ class LoCoMoConfig:
     output: Path
     max_new_tokens: int = 32
     placement: str = "file"
+    task: str = "locomo"  # a StreamTask's name (stream_task)
+    episodes: dict = field(default_factory=dict)  # a synthetic family's generator settings
+
+
+@dataclass(frozen=True)
+class StreamTask:
+    """What a dataset contributes to the streaming protocol."""
+
+    name: str
+    load: Callable[[LoCoMoConfig], tuple[dict[str, str], list[Conversation]]]  # (data fingerprint, conversations)
+    header: Callable[[Conversation], str]
+    render_session: Callable[[Session], str]
+    question_prompt: Callable[[Conversation, Question], str]
+    gold_answer: Callable[[Question], str]
+    scored: Callable[[Conversation, Question, str], tuple[str, float]]  # (the prediction as scored, its score)
+    benchmark: Benchmark
+    metric: str  # the scorecard note's opening words
+    row_fields: Callable[[Conversation, Question], dict] = lambda conversation, question: {}  # its own row fields
+
+    def text(self, conversation: Conversation, sessions: list[Session]) -> str:
+        return self.header(conversation) + "".join(self.render_session(session) for session in sessions)
+
+
+def stream_task(name: str) -> StreamTask:
+    if name == LOCOMO.name:
+        return LOCOMO
+    from evaluation.synthetic.task import SYNTHETIC_TASKS
+
+    if name not in SYNTHETIC_TASKS:
+        raise EvaluationError(f"unknown streamed dataset {name!r}; known: locomo, {', '.join(SYNTHETIC_TASKS)}")
+    return SYNTHETIC_TASKS[name]
 
 
 def row_key(row: dict) -> tuple[str, int, str, str]:
@@ -124,12 +158,14 @@ def evidence_inside(question: Question, window: set[int]) -> bool:
     return bool(question.evidence_sessions) and question.evidence_sessions <= window
 
 
-def turn_room(conversation: Conversation, framing: Framing, questions: list[Question], max_new_tokens: int) -> int:
+def turn_room(
+    task: StreamTask, conversation: Conversation, framing: Framing, questions: list[Question], max_new_tokens: int
+) -> int:
     """Tokens that the questions and gold answers of ``questions`` add, plus room for one generated answer."""
     room = max_new_tokens
     for question in questions:
-        prompt = question_prompt(conversation, question)
-        room += len(framing.question_ids([], prompt)) + len(framing.answer_ids([], prompt, gold_answer(question)))
+        prompt, gold = task.question_prompt(conversation, question), task.gold_answer(question)
+        room += len(framing.question_ids([], prompt)) + len(framing.answer_ids([], prompt, gold))
     return room + max_new_tokens * len(questions)
 
 
@@ -142,13 +178,14 @@ def file_sessions(
 ) -> list[Session]:
     """The sessions the file placement keeps: the newest that fit the history limit (by default the context
     less the room the questions and answers take)."""
+    task = stream_task(config.task)
 
     def framing_for(sessions: list[Session]) -> Framing:
-        return Framing(tokenizer, render_conversation(conversation, sessions))
+        return Framing(tokenizer, task.text(conversation, sessions))
 
     limit = config.max_history_tokens
     if limit is None:
-        room = turn_room(conversation, framing_for(conversation.sessions), questions, config.max_new_tokens)
+        room = turn_room(task, conversation, framing_for(conversation.sessions), questions, config.max_new_tokens)
         if room >= context:
             raise EvaluationError(
                 f"{conversation.sample_id}: its {len(questions)} questions and answers take {room} tokens, more than "
@@ -165,6 +202,7 @@ class ConversationRun:
         self, config: LoCoMoConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cells: list[Cell]
     ) -> None:
         self.config, self.model, self.tokenizer, self.cells = config, model, tokenizer, cells
+        self.task = stream_task(config.task)
         self.stop = eos_ids(model)
         self.context = context_length(tokenizer, model.config)
         self.kinds = TEACHER_FORCED_KINDS[config.rmm_weights]
@@ -183,7 +221,7 @@ class ConversationRun:
     def stream_file_order(self, questions: list[Question]) -> None:
         conversation = self.conversation
         sessions = file_sessions(conversation, questions, self.tokenizer, self.context, self.config)
-        framing = Framing(self.tokenizer, render_conversation(conversation, sessions))
+        framing = Framing(self.tokenizer, self.task.text(conversation, sessions))
         window = {session.number for session in sessions}
         start_ids = framing.start_ids()
         for budget in self.config.budgets:
@@ -200,12 +238,12 @@ class ConversationRun:
             histories[cell].extend(start_ids, "conversation")
             messages[cell] = []
         for turn, question in enumerate(questions):
-            prompt = question_prompt(conversation, question)
+            prompt = self.task.question_prompt(conversation, question)
             for stream, history in histories.items():
                 question_ids = framing.question_ids(messages[stream], prompt)
                 self.ask(history, question_ids, question, self.cells if shared else [stream], turn, window)
                 answer = (
-                    gold_answer(question)
+                    self.task.gold_answer(question)
                     if shared
                     else self.store.get(cell_key(conversation, question, stream))["prediction"]
                 )
@@ -214,19 +252,22 @@ class ConversationRun:
     def stream_sessions(self, questions: list[Question]) -> None:
         """The evidence placement: sessions one by one, each question after the session of its last evidence."""
         conversation = self.conversation
-        framing = Framing(self.tokenizer, header(conversation))
+        framing = Framing(self.tokenizer, self.task.header(conversation))
         asked_after = {q.index: asked_after_session(conversation, q) for q in questions}
         limit = self.config.max_history_tokens
         if limit is None:
             after = {n: [q for q in questions if asked_after[q.index] == n] for n in set(asked_after.values())}
-            rooms = (turn_room(conversation, framing, group, self.config.max_new_tokens) for group in after.values())
+            rooms = (
+                turn_room(self.task, conversation, framing, group, self.config.max_new_tokens)
+                for group in after.values()
+            )
             limit = self.context - max(rooms, default=0)
         items: list[tuple[str, object, int]] = []  # the stream so far: ("session", text, n) or ("turn", (q, a), n)
         history, messages = self.rebuild(framing, items)
         turn = 0
         needed = max(asked_after.values(), default=0)  # the sessions after the last asked question change nothing
         for session in (s for s in conversation.sessions if s.number <= needed):
-            text = render_session(session)
+            text = self.task.render_session(session)
             ids = framing.session_ids(messages, text)
             if history.length + len(ids) > limit:
                 items = newest_items(items, framing, (limit // 2) - len(ids))
@@ -234,18 +275,20 @@ class ConversationRun:
                 ids = framing.session_ids(messages, text)
                 if history.length + len(ids) > limit:
                     raise EvaluationError(
-                        f"{conversation.sample_id}: session {session.number} does not fit in {limit} history tokens"
+                        f"{conversation.sample_id}: session {session.number} ({len(ids)} tokens) does not fit in "
+                        f"{limit} history tokens: pass a larger --max-history-tokens (at most the model's context, "
+                        "unless the run is meant to read past it)"
                     )
             history.extend(ids, "conversation")
             messages.append(("user", text))
             items.append(("session", text, session.number))
             window = {number for kind, _, number in items if kind == "session"}
             for question in (q for q in questions if asked_after[q.index] == session.number):
-                prompt = question_prompt(conversation, question)
+                prompt, gold = self.task.question_prompt(conversation, question), self.task.gold_answer(question)
                 question_ids = framing.question_ids(messages, prompt)
                 self.ask(history, question_ids, question, self.cells, turn, window)
-                self.append_turn(framing, history, messages, question_ids, prompt, gold_answer(question))
-                items.append(("turn", (prompt, gold_answer(question)), session.number))
+                self.append_turn(framing, history, messages, question_ids, prompt, gold)
+                items.append(("turn", (prompt, gold), session.number))
                 turn += 1
 
     def rebuild(self, framing: Framing, items: list[tuple[str, object, int]]) -> tuple[History, list[Message]]:
@@ -319,11 +362,7 @@ class ConversationRun:
     ) -> dict:
         press_name, budget = cell
         prediction = self.tokenizer.decode(generated, skip_special_tokens=True).strip()
-        scored = (
-            resolve_choice(prediction, choice_options(self.conversation, question))
-            if question.category == 5
-            else prediction
-        )
+        scored, score = self.task.scored(self.conversation, question, prediction)
         return {
             "conversation": self.conversation.sample_id,
             "question_index": question.index,
@@ -343,7 +382,8 @@ class ConversationRun:
             "rmm_weights": self.config.rmm_weights,
             "prediction": prediction,
             "scored_prediction": scored,
-            "score": score(question.category, scored, gold_answer(question)),
+            "score": score,
+            **self.task.row_fields(self.conversation, question),
         }
 
 
@@ -374,17 +414,22 @@ def run_conversation(
         ConversationRun(config, model, tokenizer, cells).run(conversation, store, bar)
 
 
-def prepare(config: LoCoMoConfig) -> tuple[Path, list[Conversation], list[Cell]]:
-    """Everything a run reads before the model: checked settings, the conversations and the cells."""
+def prepare(config: LoCoMoConfig) -> tuple[dict[str, str], list[Conversation], list[Cell]]:
+    """Everything a run reads before the model: checked settings, the data's fingerprint, the conversations
+    and the cells."""
     check_presses(config.presses)
     if config.placement not in PLACEMENTS:
         raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if config.placement == "evidence" and config.history != "gold":
         raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
     cells = press_cells(config.presses, config.budgets, "--budgets")
+    data_fingerprint, conversations = stream_task(config.task).load(config)
+    return data_fingerprint, select_conversations(conversations, config.conversations), cells
+
+
+def load_locomo(config: LoCoMoConfig) -> tuple[dict[str, str], list[Conversation]]:
     path = resolve_path(config.data)
-    conversations = select_conversations(load_conversations(path), config.conversations)
-    return path, conversations, cells
+    return fingerprint(path), load_conversations(path)
 
 
 def dry_run(config: LoCoMoConfig) -> str:
@@ -392,8 +437,9 @@ def dry_run(config: LoCoMoConfig) -> str:
     _, conversations, cells = prepare(config)
     questions = sum(len(asked_questions(c, config)) for c in conversations)
     histories = len(conversations) * (1 if config.history == "gold" else len(cells))
+    name = stream_task(config.task).benchmark.name
     lines = [
-        f"LoCoMo ({config.placement} placement, {config.history} history): {len(conversations)} conversations, "
+        f"{name} ({config.placement} placement, {config.history} history): {len(conversations)} conversations, "
         f"{questions} questions x {len(cells)} cells = {questions * len(cells)} answers, model {config.model.name} "
         f"({config.model.dtype}, {config.model.attn_implementation}, {config.model.device})",
         *(f"  {press} @ {budget_label(budget)}" for press, budget in cells),
@@ -429,11 +475,12 @@ def file_visibility(config: LoCoMoConfig, conversations: list[Conversation]) -> 
 
 def run(config: LoCoMoConfig, backend: Backend = LOCAL) -> Path:
     """Run (or resume) the streaming protocol and write predictions, scorecard and run.json."""
-    path, conversations, cells = prepare(config)
+    data_fingerprint, conversations, cells = prepare(config)
     settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
     settings["budgets"] = [b.key for b in config.budgets]
-    settings["data_fingerprint"] = fingerprint(path)
-    record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record())
+    settings["data_fingerprint"] = data_fingerprint
+    defaults = {**ModelSettings().record(), "task": LOCOMO.name, "episodes": {}}  # what older runs did not record
+    record = RunRecord(config.output, settings, RESULTS_DEFINING, defaults)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [
         Unit(c.sample_id, c, frozenset(cell_key(c, q, cell) for q in asked_questions(c, config) for cell in cells))
@@ -447,7 +494,7 @@ def run(config: LoCoMoConfig, backend: Backend = LOCAL) -> Path:
         backend,
         config.model.device,
     )
-    write_locomo_scorecard(config.output, store.rows, config.presses, config.budgets)
+    write_stream_scorecard(stream_task(config.task), config.output, store.rows, config.presses, config.budgets)
     record.finish(outcome.ran, backend=backend.kind)
     outcome.raise_failures(backend.retries)
     return config.output
@@ -500,15 +547,43 @@ BENCHMARK = Benchmark(
 REFERENCE = "h2o"
 
 
-def write_locomo_scorecard(output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]) -> None:
+def locomo_scored(conversation: Conversation, question: Question, prediction: str) -> tuple[str, float]:
+    """The official rule of the question's category; a category 5 letter answer is scored as its option."""
+    scored = (
+        resolve_choice(prediction, choice_options(conversation, question)) if question.category == 5 else prediction
+    )
+    return scored, score(question.category, scored, gold_answer(question))
+
+
+LOCOMO = StreamTask(
+    name="locomo",
+    load=load_locomo,
+    header=header,
+    render_session=render_session,
+    question_prompt=question_prompt,
+    gold_answer=gold_answer,
+    scored=locomo_scored,
+    benchmark=BENCHMARK,
+    metric="F1; adversarial questions (category 5) are scored by their own rule and kept apart",
+)
+
+
+def write_stream_scorecard(
+    task: StreamTask, output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]
+) -> None:
     if rows:
-        frame = scores_frame(BENCHMARK, rows)
-        frame = frame.sort_values("condition", key=lambda c: c.map(CONDITION_ORDER.index), kind="stable")
+        frame = scores_frame(task.benchmark, rows)
+        order = task.benchmark.order
+        frame = frame.sort_values(
+            "condition",
+            key=lambda c: c.map(lambda name: order.index(name) if name in order else len(order)),
+            kind="stable",
+        )
         note = (
-            f"F1, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean [95% "
-            "bootstrap interval over questions] (n); adversarial questions (category 5) are scored by their own rule "
-            "and kept apart."
+            f"{task.metric}. {rows[0]['placement'].capitalize()} placement; {visibility(rows)}; {evictions(rows)}. "
+            "Each cell: mean [95% bootstrap interval over questions] (n)."
         )
         labels = [b.label for b in budgets]
         summary = summarize(frame, REFERENCE)
-        write_scorecard(output, summary, f"LoCoMo streaming: {output.name}", note, REFERENCE, presses, labels)
+        title = f"{task.benchmark.name} streaming: {output.name}"
+        write_scorecard(output, summary, title, note, REFERENCE, presses, labels)

@@ -1,0 +1,103 @@
+"""Endogenous reuse: what a correct answer used at one turn is needed again some turns later.
+
+An episode is a conversation streamed session by session. Each session states ``facts`` lock codes
+("the code of Mia's locker is 4821") among chit-chat. Right after session ``s`` one of its codes is asked
+(kind ``first``: the turn that uses the fact, whose gold answer the history then holds). ``lag`` sessions
+later, a cue line brings the same lock up again and the same question is asked again (kind ``reuse``: the
+fact, and the earlier question and answer, are needed again), together with its matched control: another
+code stated in the same session, so of the same age, brought up by the same kind of cue but never asked before
+(kind ``fresh``: nothing is reused). A policy that keeps what was used wins on ``reuse`` and may lose on
+``fresh``; one that keeps what is recent or what was read most loses or wins the other way.
+"""
+
+from __future__ import annotations
+
+import random
+
+from evaluation.locomo.data import Conversation, Question, Session, Turn
+from evaluation.synthetic.words import CHAT, NAMES, THINGS
+
+SPEAKERS = ("Sam", "Alex")
+
+
+def reuse_episodes(
+    seed: int, episodes: int, sessions: int = 8, facts: int = 4, chat: int = 6, lag: int = 3
+) -> list[Conversation]:
+    """``episodes`` conversations of ``sessions`` sessions, deterministic in ``seed``."""
+    if lag < 1 or lag >= sessions:
+        raise ValueError(f"lag {lag} must be at least 1 and below the {sessions} sessions")
+    if facts < 2:
+        raise ValueError("each session needs 2 facts at least: the one asked and its never-asked control")
+    locks = [(name, thing) for name in NAMES for thing in THINGS]
+    if sessions * facts > len(locks):
+        raise ValueError(f"{sessions} sessions x {facts} facts exceed the {len(locks)} distinct locks")
+    return [
+        _episode(random.Random(f"reuse:{seed}:{index}"), index, sessions, facts, chat, lag, locks)
+        for index in range(episodes)
+    ]
+
+
+def _episode(
+    rng: random.Random,
+    index: int,
+    sessions: int,
+    facts: int,
+    chat: int,
+    lag: int,
+    locks: list[tuple[str, str]],
+) -> Conversation:
+    chosen = rng.sample(locks, sessions * facts)
+    codes = rng.sample(range(1000, 10000), sessions * facts)
+    stated = [
+        [
+            (name, thing, str(code))
+            for (name, thing), code in zip(
+                chosen[s * facts : (s + 1) * facts], codes[s * facts : (s + 1) * facts], strict=True
+            )
+        ]
+        for s in range(sessions)
+    ]
+    asked = [rng.randrange(facts) for _ in range(sessions)]  # which fact of each session is used
+    controls = [rng.choice([i for i in range(facts) if i != asked[s]]) for s in range(sessions)]
+    session_list, questions = [], []
+    where: list[dict[int, str]] = []  # per session, fact index -> its turn id
+    for s in range(sessions):
+        number = s + 1
+        lines: list[tuple[str, str]] = [(SPEAKERS[i % 2], rng.choice(CHAT)) for i in range(chat)]
+        slots = sorted(rng.sample(range(len(lines) + facts), facts))
+        turns_text: list[tuple[str, str]] = []
+        fact_lines = iter(range(facts))
+        chat_lines = iter(lines)
+        for position in range(len(lines) + facts):
+            if position in slots:
+                i = next(fact_lines)
+                name, thing, code = stated[s][i]
+                turns_text.append((SPEAKERS[0], f"Please note this down: the code of {name}'s {thing} is {code}."))
+            else:
+                turns_text.append(next(chat_lines))
+        fact_turns = {i: f"D{number}:{slots[i] + 1}" for i in range(facts)}
+        earlier = number - lag
+        cues = []
+        if earlier >= 1:
+            for i in (asked[earlier - 1], controls[earlier - 1]):
+                name, thing, _ = stated[earlier - 1][i]
+                cues.append((i, f"{name} called me about the {thing} again."))
+            rng.shuffle(cues)
+            turns_text += [(SPEAKERS[1], text) for _, text in cues]
+        turns = [Turn(speaker, f"D{number}:{t + 1}", text, None) for t, (speaker, text) in enumerate(turns_text)]
+        session_list.append(Session(number, f"day {number}", turns))
+        where.append(fact_turns)
+        cue_turns = {i: f"D{number}:{len(turns) - len(cues) + c + 1}" for c, (i, _) in enumerate(cues)}
+        name, thing, code = stated[s][asked[s]]
+        questions.append(_question(len(questions), name, thing, code, [fact_turns[asked[s]]], "first"))
+        if earlier >= 1:
+            for kind, i in (("reuse", asked[earlier - 1]), ("fresh", controls[earlier - 1])):
+                name, thing, code = stated[earlier - 1][i]
+                evidence = [where[earlier - 1][i], cue_turns[i]]
+                questions.append(_question(len(questions), name, thing, code, evidence, kind))
+    return Conversation(f"reuse-{index}", SPEAKERS[0], SPEAKERS[1], session_list, questions)
+
+
+def _question(index: int, name: str, thing: str, code: str, evidence: list[str], kind: str) -> Question:
+    text = f"What is the code of {name}'s {thing}? Answer with the code only."
+    return Question(index, text, code, evidence, 0, None, kind)

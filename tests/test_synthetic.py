@@ -1,0 +1,140 @@
+"""The synthetic families: deterministic generators, answers recoverable from the text the model reads (by a
+solver that parses that text, not the generator's records), and runs through the streaming protocol."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from evaluation.cli import main
+from evaluation.locomo.runner import asked_after_session
+from evaluation.synthetic.multiquery import multiquery_episodes
+from evaluation.synthetic.reuse import reuse_episodes
+from evaluation.synthetic.task import MULTIQUERY, REUSE, string_match
+from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
+
+
+def test_the_generators_are_deterministic_in_their_seed():
+    assert [asdict(c) for c in reuse_episodes(3, 2)] == [asdict(c) for c in reuse_episodes(3, 2)]
+    assert [asdict(c) for c in reuse_episodes(3, 2)] != [asdict(c) for c in reuse_episodes(4, 2)]
+    documents = multiquery_episodes(5, [1024, 2048], 2)
+    assert [asdict(c) for c in documents] == [asdict(c) for c in multiquery_episodes(5, [1024, 2048], 2)]
+    assert [asdict(c) for c in documents] != [asdict(c) for c in multiquery_episodes(6, [1024, 2048], 2)]
+
+
+def solve_codes(text: str) -> dict[str, str]:
+    """Every lock code the conversation states, by "<name>'s <thing>"; a lock stated twice would be ambiguous."""
+    found = re.findall(r"the code of (\w+'s [\w ]+?) is (\d+)\.", text)
+    assert len({lock for lock, _ in found}) == len(found), "a lock is stated twice"
+    return dict(found)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_reuse_answer_is_recoverable_from_the_conversation_when_it_is_asked(seed):
+    for conversation in reuse_episodes(seed, 2, sessions=6, lag=2):
+        stated = {lock: s.number for s in conversation.sessions for lock in solve_codes(REUSE.render_session(s))}
+        asked: dict[str, int] = {}  # lock -> the session it was first asked after
+        ages: dict[int, dict[str, int]] = {}  # session -> kind -> the session its lock was stated in
+        for question in sorted(conversation.questions, key=lambda q: (asked_after_session(conversation, q), q.index)):
+            session = asked_after_session(conversation, question)
+            lock = re.match(r"What is the code of (.+)\? ", question.question).group(1)
+            seen = REUSE.text(conversation, [s for s in conversation.sessions if s.number <= session])
+            assert solve_codes(seen)[lock] == question.answer
+            if question.kind == "reuse":
+                assert asked[lock] == session - 2, "asked again exactly lag sessions after its first ask"
+            else:
+                assert lock not in asked, "a first ask, or a control never asked before"
+                asked[lock] = session
+            ages.setdefault(session, {})[question.kind] = stated[lock]
+        for session, kinds in ages.items():
+            assert set(kinds) == ({"first"} if session <= 2 else {"first", "reuse", "fresh"})
+            assert kinds.get("reuse") == kinds.get("fresh"), "the control is as old as the reused code"
+
+
+def solve_document(text: str, question: str) -> str:
+    """The answer as a reader of the document finds it: a record, a needle, or a chain of assignments."""
+    if match := re.match(r"What is the pass code of the (\w+ \w+)\?", question):
+        (answer,) = re.findall(rf"The pass code of the {match.group(1)} is (\d+)\.", text)
+        return answer
+    if match := re.match(r"What is the special magic number for (\w+)\?", question):
+        (answer,) = re.findall(rf"The special magic number for {match.group(1)} is (\d+)\.", text)
+        return answer
+    name = re.search(r"VAR (\w+) hold", question).group(1)
+    values = dict(re.findall(r"VAR (\w+) = (\d+)\.", text))
+    links = dict(re.findall(r"VAR (\w+) = VAR (\w+)\.", text))
+    while name in links:
+        assert text.index(f"VAR {links[name]} =") < text.index(f"VAR {name} ="), "a variable is read before it is set"
+        name = links[name]
+    return values[name]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_multiquery_answer_is_recoverable_from_the_document(seed):
+    documents = multiquery_episodes(seed, [1024, 4096], 2)
+    for document in documents:
+        text = MULTIQUERY.text(document, document.sessions)
+        assert {q.kind for q in document.questions} == {"kv", "vt", "needle"}
+        for question in document.questions:
+            assert solve_document(text, question.question) == question.answer
+    for length in (1024, 4096):
+        sizes = [
+            len(MULTIQUERY.text(d, d.sessions)) for d in documents if d.sample_id.startswith(f"mq-{length // 1024}k")
+        ]
+        assert all(3.5 * length <= size <= 4.5 * length for size in sizes), sizes
+
+
+def test_string_match_counts_the_answer_only_as_a_whole_number_or_word():
+    assert string_match("The code is 4821.", "4821") == 1.0
+    assert string_match("4821", "4821") == 1.0
+    assert string_match("48213", "4821") == 0.0
+    assert string_match("14821", "4821") == 0.0
+    assert string_match("It is AMBER", "amber") == 1.0
+    assert string_match("", "4821") == 0.0
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model = tiny_model("llama", "sdpa", context=8192)  # a token per character
+    model.generation_config.eos_token_id = 2
+    model.save_pretrained(folder)
+    byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
+    return folder
+
+
+def reuse_run(model_dir: Path, output: Path, *extra: str) -> int:
+    presses = ["full", "h2o", "rmm", "rmm(lag=4)", "streaming_llm"]
+    argv = ["reuse", "--model", str(model_dir), "--output", str(output), "--presses", *presses]
+    settings = ["--episodes", "1", "--sessions", "3", "--facts", "2", "--lag", "1", "--budgets", "300"]
+    return main([*argv, *settings, "--max-new-tokens", "3", *extra])
+
+
+def test_reuse_streams_resumes_and_refuses_other_episodes(model_dir, tmp_path, capsys):
+    output = tmp_path / "reuse"
+    assert reuse_run(model_dir, output) == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == (3 + 2 * 2) * 5  # a first ask per session, a reuse and a control from session 2 on
+    assert {row["kind"] for row in rows} == {"first", "reuse", "fresh"}
+    assert all(row["family"] == "reuse" and row["evidence_visible"] for row in rows)
+    for row in rows:
+        assert row["kept_tokens"] == (row["history_tokens"] if row["press"] == "full" else 300)
+    scorecard = (output / "scorecard.md").read_text()
+    for condition in ("overall", "first ask", "asked again", "never asked (control)"):
+        assert f"| {condition} | 300 tokens |" in scorecard
+    assert json.loads((output / "run.json").read_text())["config"]["task"] == "reuse"
+    assert reuse_run(model_dir, output) == 0
+    assert (output / "predictions.jsonl").read_text().count("\n") == len(rows), "a finished run adds nothing"
+    assert reuse_run(model_dir, output, "--seed", "1") == 2
+    assert "holds a run with other settings" in capsys.readouterr().err
+    assert main(["scorecard", str(output), "--output", str(tmp_path / "combined")]) == 0
+    assert "| Reuse asked again | 300 tokens |" in (tmp_path / "combined" / "scorecard.md").read_text()
+
+
+def test_a_document_longer_than_the_history_limit_says_how_to_read_past_it(model_dir, tmp_path, capsys):
+    argv = ["multiquery", "--model", str(model_dir), "--output", str(tmp_path / "mq"), "--presses", "full", "h2o"]
+    assert main([*argv, "--lengths", "2048", "--episodes", "1", "--max-history-tokens", "4000"]) == 2
+    assert "pass a larger --max-history-tokens" in capsys.readouterr().err
