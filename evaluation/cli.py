@@ -21,6 +21,7 @@ from evaluation.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 DEFAULT_LONGBENCH_TASKS = ["multi_news"]
 DEFAULT_RATIOS = [0.5, 0.75]
 DEFAULT_TRACE_TEXTS = ["multi_news:0", "locomo:conv-26"]
+SYNTHETIC_PRESSES = [*DEFAULT_PRESSES, "rmm(lag=16)", "rmm(lag=64)", "rmm(lag=128)"]  # lags below every budget
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 RESAMPLES, SEED = 10_000, 0
@@ -71,17 +72,18 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-map", choices=["auto"], help="spread the model over the devices (accelerate)")
 
 
-def add_common(parser: argparse.ArgumentParser, protocol: str, presses: bool = True) -> None:
-    """The options every protocol shares: config file, model, presses, where results go, where they run."""
+def add_common(parser: argparse.ArgumentParser, protocol: str, presses: list[str] | None = DEFAULT_PRESSES) -> None:
+    """The options every protocol shares: config file, model, presses (none for the lab), where results go,
+    where they run."""
     parser.add_argument("--config", type=Path, help="a YAML file of option values, below the command line")
     add_model_options(parser)
-    if presses:
+    if presses is not None:
         parser.add_argument(
             "--presses",
             nargs="+",
             type=canonical,
-            default=list(DEFAULT_PRESSES),
-            help=f"press specs (default {' '.join(DEFAULT_PRESSES)}): a name, name(param=value, ...), a wrapper "
+            default=list(presses),
+            help=f"press specs (default {' '.join(presses)}): a name, name(param=value, ...), a wrapper "
             "such as adakv(snapkv), or package.module:Class(...); see evaluation/press_specs.py",
         )
     parser.add_argument("--output", type=Path, help=f"run folder (default results/{protocol}/<model>)")
@@ -192,11 +194,11 @@ def add_reuse(subparsers: argparse._SubParsersAction) -> None:
         "session's code asked once (first), asked again --lag sessions later (reuse), and a same-age code never "
         "asked before (fresh, the control). Streamed like LoCoMo's evidence placement, every press at every budget.",
     )
-    add_common(parser, "reuse")
-    add_stream_options(parser, [256, 512], 12)
-    parser.add_argument("--sessions", type=whole(2), default=8, help="sessions per episode (default 8)")
-    parser.add_argument("--facts", type=whole(2), default=4, help="codes stated per session (default 4)")
-    parser.add_argument("--lag", type=whole(1), default=3, help="sessions between a code's two asks (default 3)")
+    add_common(parser, "reuse", SYNTHETIC_PRESSES)
+    add_stream_options(parser, [256, 512], 24)
+    parser.add_argument("--sessions", type=whole(2), default=6, help="sessions per episode (default 6)")
+    parser.add_argument("--facts", type=whole(2), default=2, help="codes stated per session (default 2)")
+    parser.add_argument("--lag", type=whole(1), default=1, help="sessions between a code's two asks (default 1)")
 
 
 def add_multiquery(subparsers: argparse._SubParsersAction) -> None:
@@ -207,8 +209,8 @@ def add_multiquery(subparsers: argparse._SubParsersAction) -> None:
         "variable chains and needles among filler, then ask several questions about each, streamed like LoCoMo: "
         "each question answered from the history re-compressed to each budget.",
     )
-    add_common(parser, "multiquery")
-    add_stream_options(parser, [1024, 2048], 12)
+    add_common(parser, "multiquery", SYNTHETIC_PRESSES)
+    add_stream_options(parser, [1024, 2048], 24)
     parser.add_argument(
         "--lengths", nargs="+", type=whole(512), default=[4096, 8192], help="document tokens (default 4096 8192)"
     )
@@ -222,7 +224,7 @@ def add_traces(subparsers: argparse._SubParsersAction) -> None:
         "replay every eviction policy step by step at every budget, with RMM's commit-lag sweep and Belady's "
         "offline optimum, and write the scorecard, its pictures, the paper's section 6 model and run.json.",
     )
-    add_common(parser, "traces", presses=False)
+    add_common(parser, "traces", presses=None)
     parser.add_argument(
         "--data", type=Path, default=Path("../shared/data"), help="folder holding longbench/ and locomo/"
     )

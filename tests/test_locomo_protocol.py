@@ -265,3 +265,13 @@ def test_missing_or_malformed_data_file(model_dir, tmp_path, capsys):
     incomplete.write_text(json.dumps([{"sample_id": "x", "qa": []}]))
     assert locomo(model_dir, incomplete, tmp_path / "out") == 2
     assert f"{incomplete}: conversation 0 is malformed (KeyError" in capsys.readouterr().err
+
+
+def test_a_run_recorded_before_streamed_tasks_existed_resumes(model_dir, data_file, tmp_path):
+    output = tmp_path / "older"
+    assert locomo(model_dir, data_file, output, "--max-turns", "1") == 0
+    record = json.loads((output / "run.json").read_text())
+    del record["config"]["task"], record["config"]["episodes"]
+    (output / "run.json").write_text(json.dumps(record))
+    assert locomo(model_dir, data_file, output, "--max-turns", "2") == 2, "max_turns defines the results"
+    assert locomo(model_dir, data_file, output, "--max-turns", "1") == 0

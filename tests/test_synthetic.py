@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli import main
+from evaluation.locomo.data import Question
 from evaluation.locomo.runner import asked_after_session
 from evaluation.synthetic.multiquery import multiquery_episodes
 from evaluation.synthetic.reuse import reuse_episodes
-from evaluation.synthetic.task import MULTIQUERY, REUSE, string_match
+from evaluation.synthetic.task import MULTIQUERY, REUSE, sentence_answer, string_match
 from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
 
 
@@ -27,21 +28,24 @@ def test_the_generators_are_deterministic_in_their_seed():
 
 
 def solve_codes(text: str) -> dict[str, str]:
-    """Every lock code the conversation states, by "<name>'s <thing>"; a lock stated twice would be ambiguous."""
-    found = re.findall(r"the code of (\w+'s [\w ]+?) is (\d+)\.", text)
-    assert len({lock for lock, _ in found}) == len(found), "a lock is stated twice"
+    """Every lock code the conversation states, by "<name>'s <thing>"; a lock with two codes would be ambiguous."""
+    found = set(re.findall(r"the code of (\w+'s [\w ]+?) is (\d+)\.", text))
+    assert len({lock for lock, _ in found}) == len(found), "a lock is given two codes"
     return dict(found)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_reuse_answer_is_recoverable_from_the_conversation_when_it_is_asked(seed):
     for conversation in reuse_episodes(seed, 2, sessions=6, lag=2):
-        stated = {lock: s.number for s in conversation.sessions for lock in solve_codes(REUSE.render_session(s))}
+        stated: dict[str, int] = {}  # lock -> the session first stating it
+        for session in conversation.sessions:
+            for lock in solve_codes(REUSE.render_session(session)):
+                stated.setdefault(lock, session.number)
         asked: dict[str, int] = {}  # lock -> the session it was first asked after
         ages: dict[int, dict[str, int]] = {}  # session -> kind -> the session its lock was stated in
         for question in sorted(conversation.questions, key=lambda q: (asked_after_session(conversation, q), q.index)):
             session = asked_after_session(conversation, question)
-            lock = re.match(r"What is the code of (.+)\? ", question.question).group(1)
+            lock = re.fullmatch(r"What is the code of (.+)\?", question.question).group(1)
             seen = REUSE.text(conversation, [s for s in conversation.sessions if s.number <= session])
             assert solve_codes(seen)[lock] == question.answer
             if question.kind == "reuse":
@@ -53,6 +57,19 @@ def test_every_reuse_answer_is_recoverable_from_the_conversation_when_it_is_aske
         for session, kinds in ages.items():
             assert set(kinds) == ({"first"} if session <= 2 else {"first", "reuse", "fresh"})
             assert kinds.get("reuse") == kinds.get("fresh"), "the control is as old as the reused code"
+            text = REUSE.render_session(conversation.sessions[session - 1])
+            assert len(re.findall(r"the code of", text)) == 3, "2 codes, and one restated: a used code's second copy "
+            "is its question and answer"
+
+
+def test_the_reused_code_and_its_control_are_asked_first_equally_often():
+    orders = [
+        [q.kind for q in conversation.questions if q.kind != "first"][i : i + 2] == ["reuse", "fresh"]
+        for seed in range(10)
+        for conversation in reuse_episodes(seed, 2)
+        for i in range(0, 10, 2)
+    ]
+    assert len(orders) == 100 and 35 <= sum(orders) <= 65
 
 
 def solve_document(text: str, question: str) -> str:
@@ -63,7 +80,9 @@ def solve_document(text: str, question: str) -> str:
     if match := re.match(r"What is the special magic number for (\w+)\?", question):
         (answer,) = re.findall(rf"The special magic number for {match.group(1)} is (\d+)\.", text)
         return answer
-    name = re.search(r"VAR (\w+) hold", question).group(1)
+    name = re.fullmatch(r"What is the value of VAR (\w+)\?", question).group(1)
+    assignments = re.findall(r"VAR (\w+) = ", text)
+    assert len(set(assignments)) == len(assignments), "a variable is assigned twice"
     values = dict(re.findall(r"VAR (\w+) = (\d+)\.", text))
     links = dict(re.findall(r"VAR (\w+) = VAR (\w+)\.", text))
     while name in links:
@@ -80,11 +99,6 @@ def test_every_multiquery_answer_is_recoverable_from_the_document(seed):
         assert {q.kind for q in document.questions} == {"kv", "vt", "needle"}
         for question in document.questions:
             assert solve_document(text, question.question) == question.answer
-    for length in (1024, 4096):
-        sizes = [
-            len(MULTIQUERY.text(d, d.sessions)) for d in documents if d.sample_id.startswith(f"mq-{length // 1024}k")
-        ]
-        assert all(3.5 * length <= size <= 4.5 * length for size in sizes), sizes
 
 
 def test_string_match_counts_the_answer_only_as_a_whole_number_or_word():
@@ -94,6 +108,13 @@ def test_string_match_counts_the_answer_only_as_a_whole_number_or_word():
     assert string_match("14821", "4821") == 0.0
     assert string_match("It is AMBER", "amber") == 1.0
     assert string_match("", "4821") == 0.0
+
+
+def test_the_history_records_each_gold_answer_as_a_sentence():
+    question = Question(0, "What is the code of Mia's locker?", "4821", [], 0, None, "first")
+    assert sentence_answer(question) == "The code of Mia's locker is 4821."
+    question = Question(0, "What is the value of VAR AB?", "41234", [], 0, None, "vt")
+    assert sentence_answer(question) == "The value of VAR AB is 41234."
 
 
 @pytest.fixture(scope="module")

@@ -93,6 +93,7 @@ class StreamTask:
     scored: Callable[[Conversation, Question, str], tuple[str, float]]  # (the prediction as scored, its score)
     benchmark: Benchmark
     metric: str  # the scorecard note's opening words
+    caveat: str = ""  # how the scorecard's note ends
     row_fields: Callable[[Conversation, Question], dict] = lambda conversation, question: {}  # its own row fields
 
     def text(self, conversation: Conversation, sessions: list[Session]) -> str:
@@ -564,7 +565,8 @@ LOCOMO = StreamTask(
     gold_answer=gold_answer,
     scored=locomo_scored,
     benchmark=BENCHMARK,
-    metric="F1; adversarial questions (category 5) are scored by their own rule and kept apart",
+    metric="F1",
+    caveat="; adversarial questions (category 5) are scored by their own rule and kept apart",
 )
 
 
@@ -580,8 +582,8 @@ def write_stream_scorecard(
             kind="stable",
         )
         note = (
-            f"{task.metric}. {rows[0]['placement'].capitalize()} placement; {visibility(rows)}; {evictions(rows)}. "
-            "Each cell: mean [95% bootstrap interval over questions] (n)."
+            f"{task.metric}, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean "
+            f"[95% bootstrap interval over questions] (n){task.caveat}."
         )
         labels = [b.label for b in budgets]
         summary = summarize(frame, REFERENCE)

@@ -16,7 +16,7 @@ from itertools import pairwise
 from evaluation.locomo.data import Conversation, Question, Session, Turn
 from evaluation.synthetic.words import ADJECTIVES, ANIMALS, CITIES, COLORS, LETTERS, NOUNS, VERBS
 
-CHARS_PER_TOKEN = 4.0
+CHARS_PER_TOKEN = 4.4  # SmolLM2's tokenizer on these documents
 KINDS = ("kv", "vt", "needle")
 QUESTIONS = {"kv": 2, "vt": 1, "needle": 1}
 CHAIN_HOPS = 2
@@ -101,17 +101,17 @@ def _episode(rng: random.Random, sample_id: str, length: int) -> Conversation:
     kv = [i for i, (kind, _, _) in enumerate(specials) if kind == "kv"]
     for i in rng.sample(kv, QUESTIONS["kv"]):
         color, animal, code = specials[i][2]
-        text = f"What is the pass code of the {color} {animal}? Answer with the number only."
+        text = f"What is the pass code of the {color} {animal}?"
         questions.append(("kv", text, code, [turn_of[i]]))
     for c in rng.sample(range(CHAINS), QUESTIONS["vt"]):
         name, value = chains[c]
         group = steps[c * (CHAIN_HOPS + 1) : (c + 1) * (CHAIN_HOPS + 1)]
-        text = f"Follow the assignments: what number does VAR {name} hold? Answer with the number only."
+        text = f"What is the value of VAR {name}?"
         questions.append(("vt", text, value, [turn_of[i] for i in group]))
     needles = [i for i, (kind, _, _) in enumerate(specials) if kind == "needle"]
     for i in rng.sample(needles, QUESTIONS["needle"]):
         city, number = specials[i][2]
-        text = f"What is the special magic number for {city}? Answer with the number only."
+        text = f"What is the special magic number for {city}?"
         questions.append(("needle", text, number, [turn_of[i]]))
     rng.shuffle(questions)
     return Conversation(

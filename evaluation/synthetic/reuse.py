@@ -2,12 +2,14 @@
 
 An episode is a conversation streamed session by session. Each session states ``facts`` lock codes
 ("the code of Mia's locker is 4821") among chit-chat. Right after session ``s`` one of its codes is asked
-(kind ``first``: the turn that uses the fact, whose gold answer the history then holds). ``lag`` sessions
-later, a cue line brings the same lock up again and the same question is asked again (kind ``reuse``: the
-fact, and the earlier question and answer, are needed again), together with its matched control: another
-code stated in the same session, so of the same age, brought up by the same kind of cue but never asked before
-(kind ``fresh``: nothing is reused). A policy that keeps what was used wins on ``reuse`` and may lose on
-``fresh``; one that keeps what is recent or what was read most loses or wins the other way.
+(kind ``first``: the turn that uses the fact; the history then holds the question and its answer, a second
+copy of the code). The session's last line restates another of its codes ("for the record, the code of Nora's
+safe is 7946"), a second copy of that code that nothing used. ``lag`` sessions later, a cue line brings each of
+the two locks up again and both are asked, in a seeded order: the used one (kind ``reuse``: the fact, and the
+earlier question and answer, are needed again) and its matched control (kind ``fresh``: as old, as often
+stated, cued the same way, but never used). The difference between the two is whether the code was used. A
+policy that keeps what demonstrated its use wins on ``reuse`` and may lose on ``fresh``; one that keeps what
+is recent or what was read most loses or wins the other way. ``lag`` counts sessions, not tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ SPEAKERS = ("Sam", "Alex")
 
 
 def reuse_episodes(
-    seed: int, episodes: int, sessions: int = 8, facts: int = 4, chat: int = 6, lag: int = 3
+    seed: int, episodes: int, sessions: int = 6, facts: int = 2, chat: int = 6, lag: int = 1
 ) -> list[Conversation]:
     """``episodes`` conversations of ``sessions`` sessions, deterministic in ``seed``."""
     if lag < 1 or lag >= sessions:
@@ -75,29 +77,30 @@ def _episode(
                 turns_text.append((SPEAKERS[0], f"Please note this down: the code of {name}'s {thing} is {code}."))
             else:
                 turns_text.append(next(chat_lines))
-        fact_turns = {i: f"D{number}:{slots[i] + 1}" for i in range(facts)}
+        fact_turns = {i: [f"D{number}:{slots[i] + 1}"] for i in range(facts)}
         earlier = number - lag
         cues = []
         if earlier >= 1:
-            for i in (asked[earlier - 1], controls[earlier - 1]):
+            for kind, i in (("reuse", asked[earlier - 1]), ("fresh", controls[earlier - 1])):
                 name, thing, _ = stated[earlier - 1][i]
-                cues.append((i, f"{name} called me about the {thing} again."))
+                cues.append((kind, i, f"{name} called me about the {thing} again."))
             rng.shuffle(cues)
-            turns_text += [(SPEAKERS[1], text) for _, text in cues]
+            turns_text += [(SPEAKERS[1], text) for _, _, text in cues]
+        name, thing, code = stated[s][controls[s]]
+        turns_text.append((SPEAKERS[1], f"For the record, the code of {name}'s {thing} is {code}."))
+        fact_turns[controls[s]].append(f"D{number}:{len(turns_text)}")
         turns = [Turn(speaker, f"D{number}:{t + 1}", text, None) for t, (speaker, text) in enumerate(turns_text)]
         session_list.append(Session(number, f"day {number}", turns))
         where.append(fact_turns)
-        cue_turns = {i: f"D{number}:{len(turns) - len(cues) + c + 1}" for c, (i, _) in enumerate(cues)}
         name, thing, code = stated[s][asked[s]]
-        questions.append(_question(len(questions), name, thing, code, [fact_turns[asked[s]]], "first"))
-        if earlier >= 1:
-            for kind, i in (("reuse", asked[earlier - 1]), ("fresh", controls[earlier - 1])):
-                name, thing, code = stated[earlier - 1][i]
-                evidence = [where[earlier - 1][i], cue_turns[i]]
-                questions.append(_question(len(questions), name, thing, code, evidence, kind))
+        questions.append(_question(len(questions), name, thing, code, fact_turns[asked[s]], "first"))
+        for c, (kind, i, _) in enumerate(cues):  # asked in the cues' (seeded) order
+            name, thing, code = stated[earlier - 1][i]
+            evidence = [*where[earlier - 1][i], f"D{number}:{len(turns) - 1 - len(cues) + c + 1}"]
+            questions.append(_question(len(questions), name, thing, code, evidence, kind))
     return Conversation(f"reuse-{index}", SPEAKERS[0], SPEAKERS[1], session_list, questions)
 
 
 def _question(index: int, name: str, thing: str, code: str, evidence: list[str], kind: str) -> Question:
-    text = f"What is the code of {name}'s {thing}? Answer with the code only."
+    text = f"What is the code of {name}'s {thing}?"
     return Question(index, text, code, evidence, 0, None, kind)

@@ -27,6 +27,14 @@ def string_match(prediction: str, answer: str) -> float:
     return float(re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", prediction, re.IGNORECASE) is not None)
 
 
+def sentence_answer(question: Question) -> str:
+    """The gold answer as the history records it: the question's subject and the value, as a sentence ("What is
+    the code of Mia's locker?" -> "The code of Mia's locker is 4821."). Whole sentences give a small model the
+    answer format from the turns before (measured on SmolLM2: 7 of 8 codes, against 3 of 8 for bare codes)."""
+    subject = question.question.removeprefix("What is ").removesuffix("?")
+    return f"{subject[0].upper()}{subject[1:]} is {question.answer}."
+
+
 def scored(conversation: Conversation, question: Question, prediction: str) -> tuple[str, float]:
     return prediction, string_match(prediction, str(question.answer))
 
@@ -62,7 +70,7 @@ REUSE = StreamTask(
     header=header,
     render_session=render_session,
     question_prompt=lambda conversation, question: question.question,
-    gold_answer=lambda question: str(question.answer),
+    gold_answer=sentence_answer,
     scored=scored,
     benchmark=_benchmark(
         "Reuse", lambda row: [OVERALL, REUSE_CONDITIONS[row["kind"]]], (OVERALL, *REUSE_CONDITIONS.values())
@@ -77,7 +85,7 @@ MULTIQUERY = StreamTask(
     header=lambda conversation: DOCUMENT_HEADER,
     render_session=render_document,
     question_prompt=lambda conversation, question: question.question,
-    gold_answer=lambda question: str(question.answer),
+    gold_answer=sentence_answer,
     scored=scored,
     benchmark=_benchmark(
         "Multi-query",

@@ -26,7 +26,7 @@ NAMES = (
     "Maya",
     "Jon",
 )
-THINGS = ("locker", "bike lock", "safe", "garage", "mailbox", "suitcase", "storage unit", "gym locker")
+THINGS = ("locker", "bike lock", "safe", "garage", "mailbox", "suitcase", "storage unit")
 CHAT = (
     "How was your weekend?",
     "It was fine, I went hiking by the lake.",
