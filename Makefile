@@ -63,7 +63,7 @@ eval-traces: setup
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
 scorecard: setup
 	$(PY) -m evaluation scorecard results/longbench/smollm2-135m results/locomo/smollm2-135m \
-		results/traces/smollm2-135m --output results/scorecard/smollm2-135m
+		results/reuse/smollm2-135m results/traces/smollm2-135m --output results/scorecard/smollm2-135m
 
 # Benchmarks: ratios measured side by side in one run, medians (see each script's docstring).
 bench: setup
