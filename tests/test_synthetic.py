@@ -130,7 +130,7 @@ def model_dir(tmp_path_factory) -> Path:
 def reuse_run(model_dir: Path, output: Path, *extra: str) -> int:
     presses = ["full", "h2o", "rmm", "rmm(lag=4)", "streaming_llm"]
     argv = ["reuse", "--model", str(model_dir), "--output", str(output), "--presses", *presses]
-    settings = ["--episodes", "1", "--sessions", "3", "--facts", "2", "--lag", "1", "--budgets", "300"]
+    settings = ["--episodes", "1", "--sessions", "2", "--facts", "2", "--lag", "1", "--budgets", "300"]
     return main([*argv, *settings, "--max-new-tokens", "3", *extra])
 
 
@@ -138,7 +138,7 @@ def test_reuse_streams_resumes_and_refuses_other_episodes(model_dir, tmp_path, c
     output = tmp_path / "reuse"
     assert reuse_run(model_dir, output) == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
-    assert len(rows) == (3 + 2 * 2) * 5  # a first ask per session, a reuse and a control from session 2 on
+    assert len(rows) == (2 + 2) * 5  # a first ask per session, a reuse and a control from session 2 on
     assert {row["kind"] for row in rows} == {"first", "reuse", "fresh"}
     assert all(row["family"] == "reuse" and row["evidence_visible"] for row in rows)
     for row in rows:
