@@ -136,17 +136,14 @@ def add_locomo(subparsers: argparse._SubParsersAction) -> None:
         "copy, and the question and answer are appended to the uncompressed history.",
     )
     add_common(parser, "locomo")
+    add_stream_options(parser, [1800], 32)
     parser.add_argument("--data", help="locomo10.json (default $LOCOMO_PATH, else the official download)")
-    parser.add_argument("--budgets", nargs="+", type=whole(1), default=[1800], help="tokens kept (default 1800)")
     parser.add_argument("--conversations", nargs="+", help="sample ids such as conv-26 (default: all)")
     parser.add_argument(
         "--max-turns",
         type=whole(1),
         help="questions per conversation, the first asked: in file order, or in stream order for --placement evidence "
         "(default all)",
-    )
-    parser.add_argument(
-        "--max-history-tokens", type=whole(16), help="history limit (default: the model's context less room to answer)"
     )
     parser.add_argument(
         "--placement",
@@ -156,20 +153,12 @@ def add_locomo(subparsers: argparse._SubParsersAction) -> None:
         "streamed one by one, each question right after the session of its last evidence",
     )
     parser.add_argument("--history", choices=["gold", "model"], default="gold", help="answer appended after each turn")
-    parser.add_argument(
-        "--rmm-weights",
-        choices=["answers", "all"],
-        default="answers",
-        help="rows whose teacher-forced correctness weighs in RMM (default: answer tokens only)",
-    )
-    parser.add_argument("--max-new-tokens", type=whole(1), default=32, help="answer length limit (default 32)")
 
 
 def add_stream_options(parser: argparse.ArgumentParser, budgets: list[int], max_new_tokens: int) -> None:
-    """What a synthetic family shares with LoCoMo's streaming protocol (evidence placement, gold history)."""
-    parser.add_argument("--budgets", nargs="+", type=whole(1), default=budgets, help=f"tokens kept (default {budgets})")
-    parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
-    parser.add_argument("--episodes", type=whole(1), default=8, help="episodes per setting (default 8)")
+    """The options of every dataset the streaming protocol runs (LoCoMo and the synthetic families)."""
+    default = " ".join(map(str, budgets))
+    parser.add_argument("--budgets", nargs="+", type=whole(1), default=budgets, help=f"tokens kept (default {default})")
     parser.add_argument(
         "--max-history-tokens",
         type=whole(16),
@@ -182,8 +171,17 @@ def add_stream_options(parser: argparse.ArgumentParser, budgets: list[int], max_
         help="rows whose teacher-forced correctness weighs in RMM (default: answer tokens only)",
     )
     parser.add_argument(
-        "--max-new-tokens", type=whole(1), default=max_new_tokens, help=f"answer length limit ({max_new_tokens})"
+        "--max-new-tokens",
+        type=whole(1),
+        default=max_new_tokens,
+        help=f"answer length limit (default {max_new_tokens})",
     )
+
+
+def add_generator_options(parser: argparse.ArgumentParser) -> None:
+    """A synthetic family's generator options; its episodes stream with the evidence placement and gold history."""
+    parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
+    parser.add_argument("--episodes", type=whole(1), default=8, help="episodes per setting (default 8)")
 
 
 def add_reuse(subparsers: argparse._SubParsersAction) -> None:
@@ -196,6 +194,7 @@ def add_reuse(subparsers: argparse._SubParsersAction) -> None:
     )
     add_common(parser, "reuse", SYNTHETIC_PRESSES)
     add_stream_options(parser, [256, 512], 24)
+    add_generator_options(parser)
     parser.add_argument("--sessions", type=whole(2), default=6, help="sessions per episode (default 6)")
     parser.add_argument("--facts", type=whole(2), default=2, help="codes stated per session (default 2)")
     parser.add_argument("--lag", type=whole(1), default=1, help="sessions between a code's two asks (default 1)")
@@ -211,6 +210,7 @@ def add_multiquery(subparsers: argparse._SubParsersAction) -> None:
     )
     add_common(parser, "multiquery", SYNTHETIC_PRESSES)
     add_stream_options(parser, [1024, 2048], 24)
+    add_generator_options(parser)
     parser.add_argument(
         "--lengths", nargs="+", type=whole(512), default=[4096, 8192], help="document tokens (default 4096 8192)"
     )
@@ -328,53 +328,37 @@ def run_protocol(args: argparse.Namespace) -> Path:
             max_length=args.max_length,
             path=args.path,
         )
-    elif args.command == "locomo":
+    elif args.command in ("locomo", "reuse", "multiquery"):
         from evaluation.locomo.runner import LoCoMoConfig, dry_run, run
 
-        config = LoCoMoConfig(
-            model=model,
-            presses=args.presses,
-            budgets=parse_budgets(None, args.budgets),
-            conversations=args.conversations,
-            max_turns=args.max_turns,
-            max_history_tokens=args.max_history_tokens,
-            placement=args.placement,
-            history=args.history,
-            rmm_weights=args.rmm_weights,
-            data=args.data,
-            output=output,
-            max_new_tokens=args.max_new_tokens,
-        )
-    elif args.command in ("reuse", "multiquery"):
-        from evaluation.locomo.runner import LoCoMoConfig, dry_run, run
-
-        episodes = (
-            {
-                "seed": args.seed,
-                "episodes": args.episodes,
-                "sessions": args.sessions,
-                "facts": args.facts,
-                "lag": args.lag,
+        stream = {
+            "model": model,
+            "presses": args.presses,
+            "budgets": parse_budgets(None, args.budgets),
+            "max_history_tokens": args.max_history_tokens,
+            "rmm_weights": args.rmm_weights,
+            "output": output,
+            "max_new_tokens": args.max_new_tokens,
+        }
+        if args.command == "locomo":
+            dataset = {
+                "conversations": args.conversations,
+                "max_turns": args.max_turns,
+                "placement": args.placement,
+                "history": args.history,
+                "data": args.data,
             }
-            if args.command == "reuse"
-            else {"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes}
-        )
-        config = LoCoMoConfig(
-            model=model,
-            presses=args.presses,
-            budgets=parse_budgets(None, args.budgets),
-            conversations=None,
-            max_turns=None,
-            max_history_tokens=args.max_history_tokens,
-            placement="evidence",
-            history="gold",
-            rmm_weights=args.rmm_weights,
-            data=None,
-            output=output,
-            max_new_tokens=args.max_new_tokens,
-            task=args.command,
-            episodes=episodes,
-        )
+        else:
+            dataset = {
+                "conversations": None,
+                "max_turns": None,
+                "placement": "evidence",
+                "history": "gold",
+                "data": None,
+                "task": args.command,
+                "episodes": generator_settings(args),
+            }
+        config = LoCoMoConfig(**stream, **dataset)
     else:
         from evaluation.traces.runner import TracesConfig, dry_run, run
 
@@ -395,6 +379,19 @@ def run_protocol(args: argparse.Namespace) -> Path:
         print(dry_run(config))
         return output
     return run(config, backend)
+
+
+def generator_settings(args: argparse.Namespace) -> dict:
+    """A synthetic family's generator arguments (evaluation.synthetic), as run.json records them."""
+    if args.command == "reuse":
+        return {
+            "seed": args.seed,
+            "episodes": args.episodes,
+            "sessions": args.sessions,
+            "facts": args.facts,
+            "lag": args.lag,
+        }
+    return {"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes}
 
 
 def backend_of(args: argparse.Namespace):
