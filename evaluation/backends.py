@@ -75,6 +75,7 @@ Work = Callable[[Any, Unit, ResultStore], None]
 class Outcome:
     ran: int  # units run (failed ones included)
     failures: dict[str, str]  # unit name -> its last error, for units that failed every try
+    unit_seconds: dict[str, float]  # unit name -> seconds its worker spent on it, for units that finished
 
     def raise_failures(self, retries: int) -> None:
         """Called once the results and scorecards of the finished units are written."""
@@ -92,16 +93,22 @@ def run_units(
     """Run every unit that still lacks a result."""
     todo = [unit for unit in units if not all(key in store for key in unit.keys)]
     if not todo:
-        return Outcome(0, {})
+        return Outcome(0, {}, {})
     if backend.kind == "local":
         loaded = load()
-        started = time.time()
+        started, seconds = time.time(), {}
         for done, unit in enumerate(tqdm(todo, desc="units", unit="unit", disable=not interactive()), start=1):
-            work(loaded, unit, store)
+            seconds[unit.name] = timed(work, loaded, unit, store)
             if not interactive():
                 print(f"[{done}/{len(todo)}] {unit.name} done ({time.time() - started:.0f} s so far)", flush=True)
-        return Outcome(len(todo), {})
+        return Outcome(len(todo), {}, seconds)
     return run_on_ray(todo, work, load, store, backend, device)
+
+
+def timed(work: Work, loaded: Any, unit: Unit, store: ResultStore) -> float:
+    start = time.perf_counter()
+    work(loaded, unit, store)
+    return round(time.perf_counter() - start, 2)
 
 
 class RayWorker:
@@ -113,10 +120,12 @@ class RayWorker:
         torch.set_num_threads(threads)
         self.loaded = load()
 
-    def run(self, work: Work, unit: Unit, rows: list[dict], key: Callable[[dict], Hashable]) -> list[dict]:
+    def run(
+        self, work: Work, unit: Unit, rows: list[dict], key: Callable[[dict], Hashable]
+    ) -> tuple[list[dict], float]:
         store = MemoryStore(key, rows)
-        work(self.loaded, unit, store)
-        return store.new_rows
+        seconds = timed(work, self.loaded, unit, store)
+        return store.new_rows, seconds
 
 
 def run_on_ray(
@@ -142,7 +151,7 @@ def run_on_ray(
         return [row for row in store.rows if store.key(row) in unit.keys]
 
     pool = [fresh() for _ in range(min(workers, len(units)))]
-    queue, running, tries, failures = list(units), {}, dict.fromkeys((u.name for u in units), 0), {}
+    queue, running, tries, failures, seconds = list(units), {}, dict.fromkeys((u.name for u in units), 0), {}, {}
     with tqdm(
         total=len(units), desc=f"units on {len(pool)} Ray workers", unit="unit", disable=not interactive()
     ) as bar:
@@ -154,7 +163,7 @@ def run_on_ray(
             ready, _ = ray.wait(list(running), num_returns=1)
             worker, unit = running.pop(ready[0])
             try:
-                rows = ray.get(ready[0])
+                rows, seconds[unit.name] = ray.get(ready[0])
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
                 tries[unit.name] += 1
                 if isinstance(error, ray.exceptions.RayActorError):
@@ -170,4 +179,4 @@ def run_on_ray(
                 if store.key(row) not in store:
                     store.append(row)
             bar.update()
-    return Outcome(len(units), failures)
+    return Outcome(len(units), failures, seconds)

@@ -10,8 +10,12 @@ import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError
+
+if TYPE_CHECKING:
+    from evaluation.backends import Outcome
 
 PACKAGES = ("torch", "transformers", "kvpress", "kv-eviction-toolkit")
 
@@ -93,9 +97,15 @@ class RunRecord:
         staging.write_text(json.dumps(self.record, indent=2) + "\n")
         staging.replace(self.path)
 
-    def finish(self, units_run: int, **extra: object) -> None:
-        """Complete this session's entry (units run, wall time, device...) and release the folder."""
-        self.session.update(finished=True, wall_seconds=round(time.time() - self.started, 1), units_run=units_run)
+    def finish(self, outcome: Outcome, **extra: object) -> None:
+        """Complete this session's entry (units run, wall time, each unit's seconds, device...) and release the
+        folder."""
+        self.session.update(
+            finished=True,
+            wall_seconds=round(time.time() - self.started, 1),
+            units_run=outcome.ran,
+            unit_seconds=outcome.unit_seconds,
+        )
         self.session.update(extra)
         self.record["total_wall_seconds"] = round(sum(s.get("wall_seconds", 0) for s in self.record["sessions"]), 1)
         self.write()

@@ -115,6 +115,9 @@ def test_the_whole_grid_runs_resumes_and_repeats_itself(model_dir, data_dir, tmp
     assert "| hotpotqa | keep 50% |" in scorecard and "| average | 100 tokens |" in scorecard
     record = json.loads((output / "run.json").read_text())
     assert record["config"]["model"] == str(model_dir) and record["sessions"][0]["units_run"] == 4
+    seconds = record["sessions"][0]["unit_seconds"]
+    assert set(seconds) == {f"{row['task']}/{row['id']}" for row in rows}, "each example's cost"
+    assert all(s > 0 for s in seconds.values())
     assert {"torch", "transformers", "kvpress"} <= set(record["sessions"][0]["versions"])
 
     # resume after an interruption: the last 5 cells lost, and a line torn in the middle of its write

@@ -80,6 +80,7 @@ def test_ray_with_two_workers_equals_the_local_backend_byte_for_byte(ray_instanc
         assert (remote / name).read_bytes() == (local / name).read_bytes()
     record = json.loads((remote / "run.json").read_text())["sessions"][0]
     assert record["backend"] == "ray" and record["units_run"] == (4 if protocol is longbench_argv else 2)
+    assert len(record["unit_seconds"]) == record["units_run"] and all(s > 0 for s in record["unit_seconds"].values())
 
 
 def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(ray_instance, model_dir, data, tmp_path, monkeypatch):

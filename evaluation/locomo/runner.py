@@ -496,7 +496,7 @@ def run(config: LoCoMoConfig, backend: Backend = LOCAL) -> Path:
         config.model.device,
     )
     write_stream_scorecard(stream_task(config.task), config.output, store.rows, config.presses, config.budgets)
-    record.finish(outcome.ran, backend=backend.kind)
+    record.finish(outcome, backend=backend.kind)
     outcome.raise_failures(backend.retries)
     return config.output
 

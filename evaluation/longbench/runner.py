@@ -294,7 +294,7 @@ def run(config: LongBenchConfig, backend: Backend = LOCAL) -> Path:
     work = partial(run_example, config=config, task_configs=task_configs, cells=press_budgets)
     outcome = run_units(units, work, config.model.load, store, backend, config.model.device)
     write_longbench_scorecard(config.output, store.rows, config.presses, config.budgets)
-    record.finish(outcome.ran, backend=backend.kind)
+    record.finish(outcome, backend=backend.kind)
     outcome.raise_failures(backend.retries)
     return config.output
 

@@ -166,7 +166,7 @@ def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
         units, partial(run_trace, config=config), config.model.load, store, backend, config.model.device
     )
     write_traces_scorecard(config.output, store.rows, config.budgets, config.h2o_window)
-    record.finish(outcome.ran, backend=backend.kind)
+    record.finish(outcome, backend=backend.kind)
     outcome.raise_failures(backend.retries)
     return config.output
 
