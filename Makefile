@@ -48,12 +48,16 @@ eval-locomo-committed: setup
 		--output results/locomo/smollm2-135m
 
 # The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls, and
-# shared-context multi-query on 4k-token documents.
+# shared-context multi-query: 1k and 2k-token documents (where SmolLM2 still answers), then 4k, 8k and 16k (past
+# its 8k training length, hence the history limit above its context).
 eval-reuse: setup
 	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --output results/reuse/smollm2-135m
 
 eval-multiquery: setup
-	$(PY) -m evaluation multiquery --lengths 4096 --episodes 3 --budgets 1024 2048 --output results/multiquery/smollm2-135m
+	$(PY) -m evaluation multiquery --lengths 1024 2048 --episodes 8 --budgets 256 512 \
+		--output results/multiquery/smollm2-135m
+	$(PY) -m evaluation multiquery --lengths 4096 8192 16384 --episodes 2 --budgets 1024 2048 \
+		--max-history-tokens 17408 --output results/multiquery/smollm2-135m-long
 
 # The eviction lab: SmolLM2's attention on two real texts (2,048 tokens each), every policy against Belady.
 eval-traces: setup
@@ -62,7 +66,8 @@ eval-traces: setup
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
 scorecard: setup
 	$(PY) -m evaluation scorecard results/longbench/smollm2-135m results/locomo/smollm2-135m \
-		results/reuse/smollm2-135m results/traces/smollm2-135m --output results/scorecard/smollm2-135m
+		results/reuse/smollm2-135m results/multiquery/smollm2-135m \
+		results/traces/smollm2-135m --output results/scorecard/smollm2-135m
 
 # Benchmarks: ratios measured side by side in one run, medians (see each script's docstring).
 bench: setup
