@@ -49,7 +49,7 @@ eval-locomo-committed: setup
 
 # The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls, and
 # shared-context multi-query: 1k and 2k-token documents (where SmolLM2 still answers), then 4k, 8k and 16k (past
-# its 8k training length, hence the history limit above its context).
+# its 8k training length, hence the history limit above its context), and one 32k document.
 eval-reuse: setup
 	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --output results/reuse/smollm2-135m
 
@@ -58,6 +58,8 @@ eval-multiquery: setup
 		--output results/multiquery/smollm2-135m
 	$(PY) -m evaluation multiquery --lengths 4096 8192 16384 --episodes 2 --budgets 1024 2048 \
 		--max-history-tokens 17408 --output results/multiquery/smollm2-135m-long
+	$(PY) -m evaluation multiquery --lengths 32768 --episodes 1 --budgets 1024 2048 \
+		--max-history-tokens 33792 --output results/multiquery/smollm2-135m-32k
 
 # The eviction lab: SmolLM2's attention on two real texts (2,048 tokens each), every policy against Belady.
 eval-traces: setup
