@@ -212,7 +212,12 @@ def add_multiquery(subparsers: argparse._SubParsersAction) -> None:
     add_stream_options(parser, [1024, 2048], 24)
     add_generator_options(parser)
     parser.add_argument(
-        "--lengths", nargs="+", type=whole(512), default=[4096, 8192], help="document tokens (default 4096 8192)"
+        "--lengths",
+        nargs="+",
+        type=whole(512),
+        default=[4096],
+        help="document tokens (default 4096; a document longer than the model's context needs "
+        "--max-history-tokens above it)",
     )
 
 
