@@ -32,11 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
     from evaluation.budgets import Budget, ratio_for
-    from evaluation.history import History
+    from evaluation.engine.history import History
     from evaluation.locomo.data import load_conversations
-    from evaluation.locomo.render import Framing, gold_answer, question_prompt, render_conversation
-    from evaluation.locomo.runner import fit_sessions
+    from evaluation.locomo.render import gold_answer, question_prompt, render_conversation
     from evaluation.press_specs import DEFAULT_PRESSES, make_press
+    from evaluation.streaming.framing import Framing
+    from evaluation.streaming.placements import fit_sessions
 
     conversation = next(c for c in load_conversations(args.locomo) if c.sample_id == args.conversation)
     sessions = fit_sessions(
@@ -89,8 +90,8 @@ def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
 
 def longbench_decoding(args: argparse.Namespace, model, tokenizer) -> dict:
     from evaluation.budgets import Budget, press_cells, ratio_for
+    from evaluation.engine.history import History
     from evaluation.generation import decode, decode_batch
-    from evaluation.history import History
     from evaluation.longbench.data import load_configs, load_task
     from evaluation.longbench.prompts import build_prompt
     from evaluation.press_specs import make_press
@@ -103,12 +104,12 @@ def longbench_decoding(args: argparse.Namespace, model, tokenizer) -> dict:
     presses = [make_press(name, ratio_for(budget, length)) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
-    caches = [history.compress(press)[0] for press in presses]
+    caches = [history.compress(press) for press in presses]
     tokens = len(caches) * args.tokens
     rates: dict[str, list[float]] = {"batched": [], "one_at_a_time": []}
     for repeat in range(args.repeats):
         for mode in ("batched", "one_at_a_time") if repeat % 2 == 0 else ("one_at_a_time", "batched"):
-            copies = [_copy(cache) for cache in caches]  # decode() extends the cache it is given
+            copies = [_copy(cache.cache) for cache in caches]  # decode() extends the cache it is given
             start = time.perf_counter()
             if mode == "batched":
                 decode_batch(model, caches, prompt.question_ids, length, args.tokens, set())

@@ -4,11 +4,13 @@ Four ways to prefill SmolLM2 at each length, side by side in one run, each in a 
 per-process figure), interleaved repeat by repeat:
 
 - ``sdpa``: no press, sdpa attention (the floor);
-- ``eager-h2o``: KVPress's ``ObservedAttentionPress``, which needs eager attention weights;
-- ``chunked-h2o``: ``RMMPress(correctness="uniform")``, which keeps exactly the same positions (a test
-  asserts it) from column sums recomputed chunk by chunk under sdpa;
-- ``fused-h2o``: the same press with ``fused_attention=True``: the sums come from the chunked pass that
-  computes the layer's attention output, in place of sdpa.
+- ``h2o``: KVPress's ``ObservedAttentionPress``, which needs eager attention weights;
+- ``rmm(correctness='uniform')``: RMM with uniform weights, which keeps exactly what H2O keeps (a test asserts
+  it), from column sums recomputed chunk by chunk under sdpa;
+- ``rmm(correctness='uniform',fused_attention=True)``: the same press whose sums come from the chunked pass
+  that computes the layer's attention output, in place of sdpa.
+
+Each mode but ``sdpa`` is a press spec (``evaluation.press_specs``), built as the harness builds it.
 
 Prints and writes medians and their ratios to the sdpa floor. ``--long`` adds one chunked run at a length
 where eager is not attempted, to show it completes.
@@ -26,7 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("sdpa", "eager-h2o", "chunked-h2o", "fused-h2o")
+CHUNKED = "rmm(correctness='uniform')"
+MODES = ("sdpa", "h2o", CHUNKED, "rmm(correctness='uniform',fused_attention=True)")
 
 
 def token_ids(tokenizer, data: Path, length: int):
@@ -45,22 +48,17 @@ def token_ids(tokenizer, data: Path, length: int):
 def child(mode: str, length: int, data: Path) -> None:
     """One measured prefill; prints {"seconds", "peak_rss_gb"} as JSON."""
     import torch
-    from kvpress import ObservedAttentionPress
     from transformers import DynamicCache
 
     from evaluation.backends import quiet_libraries
     from evaluation.models import load_model
-    from presses import RMMPress
+    from evaluation.press_needs import needs
+    from evaluation.press_specs import make_press
 
     quiet_libraries()
-    model, tokenizer = load_model(attn_implementation="eager" if mode == "eager-h2o" else "sdpa")
+    press = None if mode == "sdpa" else make_press(mode, 0.5)
+    model, tokenizer = load_model(attn_implementation="eager" if press is not None and needs(press).eager else "sdpa")
     ids = token_ids(tokenizer, data, length)
-    press = {
-        "sdpa": None,
-        "eager-h2o": ObservedAttentionPress(0.5),
-        "chunked-h2o": RMMPress(0.5, correctness="uniform"),
-        "fused-h2o": RMMPress(0.5, correctness="uniform", fused_attention=True),
-    }[mode]
     cache = DynamicCache()
     start = time.perf_counter()
     with torch.no_grad():
@@ -89,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", nargs="+", type=int, default=[2048, 4096, 8192])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--long", type=int, default=16384, help="one chunked-h2o run at this length (0: none)")
+    parser.add_argument("--long", type=int, default=16384, help=f"one {CHUNKED} run at this length (0: none)")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/longbench/multi_news.jsonl")
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/scoring.json")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
@@ -115,7 +113,7 @@ def main() -> None:
             medians[mode]["rss_ratio"] = medians[mode]["peak_rss_gb"] / floor["peak_rss_gb"]
         report["lengths"][str(length)] = medians
     if args.long:
-        report["long"] = {"length": args.long, "chunked-h2o": measure("chunked-h2o", args.long, args.data)}
+        report["long"] = {"length": args.long, CHUNKED: measure(CHUNKED, args.long, args.data)}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print("\nmedians (ratio to the no-press sdpa prefill):")
@@ -126,7 +124,7 @@ def main() -> None:
                 f"{m['peak_rss_gb']:.2f} GB ({m['rss_ratio']:.2f}x)"
             )
     if args.long:
-        print(f"{args.long:>6} chunked-h2o completes: {report['long']['chunked-h2o']}")
+        print(f"{args.long:>6} {CHUNKED} completes: {report['long'][CHUNKED]}")
 
 
 if __name__ == "__main__":

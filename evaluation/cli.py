@@ -10,51 +10,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from evaluation.arguments import fraction, probability, whole
 from evaluation.errors import EvaluationError
 from evaluation.models import SMOLLM2_ALIAS
 from evaluation.press_specs import DEFAULT_PRESSES, canonical
+from evaluation.streaming.task import StreamTask, tasks
 from evaluation.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 
 DEFAULT_LONGBENCH_TASKS = ["multi_news"]
 DEFAULT_RATIOS = [0.5, 0.75]
 DEFAULT_TRACE_TEXTS = ["multi_news:0", "locomo:conv-26"]
-SYNTHETIC_PRESSES = [*DEFAULT_PRESSES, "rmm(lag=16)", "rmm(lag=64)", "rmm(lag=128)"]  # lags below every budget
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 RESAMPLES, SEED = 10_000, 0
-
-
-def whole(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
-        return value
-
-    return parse
-
-
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is outside [0, 1): it is the fraction of the cache evicted")
-    return value
-
-
-def probability(text: str) -> float:
-    value = fraction(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("0 is outside (0, 1)")
-    return value
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -127,38 +98,14 @@ def add_longbench(subparsers: argparse._SubParsersAction) -> None:
     )
 
 
-def add_locomo(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "locomo",
-        help="LoCoMo streaming multi-turn protocol: re-compress the growing history before every question",
-        description="Stream LoCoMo conversations question by question: before each one, the whole history is "
-        "re-compressed to each budget with each press's own score, the question is answered from the compressed "
-        "copy, and the question and answer are appended to the uncompressed history.",
-    )
-    add_common(parser, "locomo")
-    add_stream_options(parser, [1800], 32)
-    parser.add_argument("--data", help="locomo10.json (default $LOCOMO_PATH, else the official download)")
-    parser.add_argument("--conversations", nargs="+", help="sample ids such as conv-26 (default: all)")
+def add_stream_task(subparsers: argparse._SubParsersAction, task: StreamTask) -> None:
+    """A streamed task's subcommand: the options every streamed dataset shares, then the task's own."""
+    parser = subparsers.add_parser(task.name, help=task.help, description=task.description)
+    add_common(parser, task.name, list(task.presses))
+    default = " ".join(map(str, task.budgets))
     parser.add_argument(
-        "--max-turns",
-        type=whole(1),
-        help="questions per conversation, the first asked: in file order, or in stream order for --placement evidence "
-        "(default all)",
+        "--budgets", nargs="+", type=whole(1), default=list(task.budgets), help=f"tokens kept (default {default})"
     )
-    parser.add_argument(
-        "--placement",
-        choices=["file", "evidence"],
-        default="file",
-        help="file (default, the paper's): the conversation, then the questions in file order; evidence: sessions "
-        "streamed one by one, each question right after the session of its last evidence",
-    )
-    parser.add_argument("--history", choices=["gold", "model"], default="gold", help="answer appended after each turn")
-
-
-def add_stream_options(parser: argparse.ArgumentParser, budgets: list[int], max_new_tokens: int) -> None:
-    """The options of every dataset the streaming protocol runs (LoCoMo and the synthetic families)."""
-    default = " ".join(map(str, budgets))
-    parser.add_argument("--budgets", nargs="+", type=whole(1), default=budgets, help=f"tokens kept (default {default})")
     parser.add_argument(
         "--max-history-tokens",
         type=whole(16),
@@ -173,52 +120,16 @@ def add_stream_options(parser: argparse.ArgumentParser, budgets: list[int], max_
     parser.add_argument(
         "--max-new-tokens",
         type=whole(1),
-        default=max_new_tokens,
-        help=f"answer length limit (default {max_new_tokens})",
+        default=task.max_new_tokens,
+        help=f"answer length limit (default {task.max_new_tokens})",
     )
-
-
-def add_generator_options(parser: argparse.ArgumentParser) -> None:
-    """A synthetic family's generator options; its episodes stream with the evidence placement and gold history."""
-    parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
-    parser.add_argument("--episodes", type=whole(1), default=8, help="episodes per setting (default 8)")
-
-
-def add_reuse(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "reuse",
-        help="endogenous reuse: a code used at one turn is asked again sessions later, against matched controls",
-        description="Generate (from --seed) conversations that state lock codes session by session; each "
-        "session's code asked once (first), asked again --lag sessions later (reuse), and a same-age code never "
-        "asked before (fresh, the control). Streamed like LoCoMo's evidence placement, every press at every budget.",
-    )
-    add_common(parser, "reuse", SYNTHETIC_PRESSES)
-    add_stream_options(parser, [256, 512], 24)
-    add_generator_options(parser)
-    parser.add_argument("--sessions", type=whole(2), default=6, help="sessions per episode (default 6)")
-    parser.add_argument("--facts", type=whole(2), default=2, help="codes stated per session (default 2)")
-    parser.add_argument("--lag", type=whole(1), default=1, help="sessions between a code's two asks (default 1)")
-
-
-def add_multiquery(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "multiquery",
-        help="shared-context multi-query: one long generated document, then several questions (kv, vt, needle)",
-        description="Generate (from --seed) documents of about --lengths tokens holding key-value records, "
-        "variable chains and needles among filler, then ask several questions about each, streamed like LoCoMo: "
-        "each question answered from the history re-compressed to each budget.",
-    )
-    add_common(parser, "multiquery", SYNTHETIC_PRESSES)
-    add_stream_options(parser, [1024, 2048], 24)
-    add_generator_options(parser)
     parser.add_argument(
-        "--lengths",
-        nargs="+",
-        type=whole(512),
-        default=[4096],
-        help="document tokens (default 4096; a document longer than the model's context needs "
-        "--max-history-tokens above it)",
+        "--max-turns",
+        type=whole(1),
+        help="questions per conversation, the first asked: in file order, or in stream order for the evidence "
+        "placement (default all)",
     )
+    task.add_options(parser)
 
 
 def add_traces(subparsers: argparse._SubParsersAction) -> None:
@@ -333,37 +244,22 @@ def run_protocol(args: argparse.Namespace) -> Path:
             max_length=args.max_length,
             path=args.path,
         )
-    elif args.command in ("locomo", "reuse", "multiquery"):
-        from evaluation.locomo.runner import LoCoMoConfig, dry_run, run
+    elif args.command in tasks():
+        from evaluation.streaming.config import StreamConfig
+        from evaluation.streaming.runner import dry_run, run
 
-        stream = {
-            "model": model,
-            "presses": args.presses,
-            "budgets": parse_budgets(None, args.budgets),
-            "max_history_tokens": args.max_history_tokens,
-            "rmm_weights": args.rmm_weights,
-            "output": output,
-            "max_new_tokens": args.max_new_tokens,
-        }
-        if args.command == "locomo":
-            dataset = {
-                "conversations": args.conversations,
-                "max_turns": args.max_turns,
-                "placement": args.placement,
-                "history": args.history,
-                "data": args.data,
-            }
-        else:
-            dataset = {
-                "conversations": None,
-                "max_turns": None,
-                "placement": "evidence",
-                "history": "gold",
-                "data": None,
-                "task": args.command,
-                "episodes": generator_settings(args),
-            }
-        config = LoCoMoConfig(**stream, **dataset)
+        config = StreamConfig(
+            model=model,
+            presses=args.presses,
+            budgets=parse_budgets(None, args.budgets),
+            max_history_tokens=args.max_history_tokens,
+            rmm_weights=args.rmm_weights,
+            output=output,
+            max_new_tokens=args.max_new_tokens,
+            max_turns=args.max_turns,
+            task=args.command,
+            **tasks()[args.command].settings(args),
+        )
     else:
         from evaluation.traces.runner import TracesConfig, dry_run, run
 
@@ -386,19 +282,6 @@ def run_protocol(args: argparse.Namespace) -> Path:
     return run(config, backend)
 
 
-def generator_settings(args: argparse.Namespace) -> dict:
-    """A synthetic family's generator arguments (evaluation.synthetic), as run.json records them."""
-    if args.command == "reuse":
-        return {
-            "seed": args.seed,
-            "episodes": args.episodes,
-            "sessions": args.sessions,
-            "facts": args.facts,
-            "lag": args.lag,
-        }
-    return {"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes}
-
-
 def backend_of(args: argparse.Namespace):
     from evaluation.backends import Backend
 
@@ -416,9 +299,8 @@ def parser_for_every_command() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_longbench(subparsers)
-    add_locomo(subparsers)
-    add_reuse(subparsers)
-    add_multiquery(subparsers)
+    for task in tasks().values():
+        add_stream_task(subparsers, task)
     add_traces(subparsers)
     add_scorecard(subparsers)
     add_score(subparsers)

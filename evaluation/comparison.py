@@ -2,38 +2,47 @@
 any mix of LongBench, LoCoMo and trace runs with a 95% bootstrap interval over examples, and against a
 reference press the paired difference, its verdict (win, tie: the interval contains 0, loss) and the wins /
 ties / losses per press, as in the paper's Figure 3. A press name is its spec, so one name is one press in every
-run; runs that hold the same example twice are refused."""
+run; a run's benchmark is the protocol its run.json records; runs that hold the same example twice are refused."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 
+from evaluation.benchmark import Benchmark
 from evaluation.errors import EvaluationError
-from evaluation.scorecard import Benchmark, scores_frame, summarize, write_scorecard
+from evaluation.scorecard import scores_frame, summarize, write_scorecard
 from evaluation.store import read_rows
 
 
-def benchmarks() -> dict[str, Benchmark]:
-    from evaluation.locomo.runner import BENCHMARK as LOCOMO
+def benchmark_of(protocol: str) -> Benchmark | None:
+    """The benchmark of a protocol or streamed task, by the name its run.json records."""
     from evaluation.longbench.runner import BENCHMARK as LONGBENCH
+    from evaluation.longbench.runner import PROTOCOL as LONGBENCH_PROTOCOL
+    from evaluation.streaming.task import tasks
     from evaluation.traces.runner import BENCHMARK as TRACES
+    from evaluation.traces.runner import PROTOCOL as TRACES_PROTOCOL
 
-    return {"task": LONGBENCH, "conversation": LOCOMO, "trace": TRACES}
+    streamed = {name: task.benchmark for name, task in tasks().items()}
+    return {LONGBENCH_PROTOCOL: LONGBENCH, TRACES_PROTOCOL: TRACES, **streamed}.get(protocol)
 
 
 def load_run(run_dir: Path) -> tuple[Benchmark, list[dict]]:
+    record_path = run_dir / "run.json"
+    try:
+        protocol = json.loads(record_path.read_text()).get("protocol", "")
+    except (OSError, ValueError) as error:
+        raise EvaluationError(f"{record_path}: no readable run.json ({error}); is {run_dir} a run folder?") from error
+    benchmark = benchmark_of(protocol)
+    if benchmark is None:
+        raise EvaluationError(
+            f"{record_path}: unknown protocol {protocol!r}; is {run_dir} a run folder of this project?"
+        )
     rows = read_rows(run_dir / "predictions.jsonl")
     if not rows:
         raise EvaluationError(f"{run_dir}: no predictions yet")
-    if "family" in rows[0]:
-        from evaluation.synthetic.task import SYNTHETIC_TASKS
-
-        return SYNTHETIC_TASKS[rows[0]["family"]].benchmark, rows
-    benchmark = next((b for field, b in benchmarks().items() if field in rows[0]), None)
-    if benchmark is None:
-        raise EvaluationError(f"{run_dir}: neither LongBench, LoCoMo, synthetic nor trace results")
     return benchmark, rows
 
 

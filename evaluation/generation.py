@@ -10,14 +10,16 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel
 
+from evaluation.engine.hooks import MASKED, Compressed, kept_tokens, mask_of
 from evaluation.ragged import RAGGED_SDPA, RaggedCache
 from presses.attention import attention_implementation
+from presses.teacher_forcing import language_model
 
 
 @dataclass(frozen=True)
 class Generation:
     token_ids: list[int]
-    kept_tokens: int  # cache length of layer 0 before the question was appended
+    kept_tokens: int  # keys visible per layer and head, on average, before the question was appended
 
 
 @torch.no_grad()
@@ -69,14 +71,24 @@ def generate(
 ) -> Generation:
     """Prefill ``context_ids`` under ``press``, append ``question_ids`` uncompressed, then decode greedily.
 
-    Positions continue after the full context length, whatever the press kept (as in KVPress's pipeline).
+    Positions continue after the full context length, whatever the press kept (as in KVPress's pipeline). What a
+    press leaves on the attention modules for decoding (AdaKV's masked keys) is cleared afterwards.
     """
     cache = DynamicCache()
-    with press(model) if press is not None else nullcontext():
-        outputs = model(input_ids=context_ids.to(model.device), past_key_values=cache, logits_to_keep=1)
-    kept_tokens = cache.get_seq_length()
-    tokens = decode(model, cache, question_ids, context_ids.shape[1], max_new_tokens, stop_ids, outputs.logits)
-    return Generation(tokens, kept_tokens)
+    try:
+        with press(model) if press is not None else nullcontext():
+            outputs = model(input_ids=context_ids.to(model.device), past_key_values=cache, logits_to_keep=1)
+        layers = language_model(model).layers
+        masks = [
+            mask_of(getattr(layer.self_attn, MASKED, None), cached.keys)
+            for layer, cached in zip(layers, cache.layers, strict=True)
+        ]
+        kept = kept_tokens(cache, masks)
+        tokens = decode(model, cache, question_ids, context_ids.shape[1], max_new_tokens, stop_ids, outputs.logits)
+    finally:
+        for layer in language_model(model).layers:
+            layer.self_attn.masked_key_indices = None
+    return Generation(tokens, kept)
 
 
 def eos_ids(model: PreTrainedModel) -> set[int]:
@@ -87,7 +99,7 @@ def eos_ids(model: PreTrainedModel) -> set[int]:
 @torch.no_grad()
 def decode_batch(
     model: PreTrainedModel,
-    caches: list[DynamicCache],
+    caches: list[Compressed],
     question_ids: torch.Tensor,
     position: int,
     max_new_tokens: int,
@@ -104,9 +116,8 @@ def decode_batch(
     if not caches:
         return []
     device = model.device
-    order = sorted(range(len(caches)), key=lambda index: caches[index].get_seq_length())
-    cache = RaggedCache.from_caches([caches[index] for index in order], question_ids.shape[1] + max_new_tokens)
-    active = list(order)
+    cache = RaggedCache.from_caches(caches, question_ids.shape[1] + max_new_tokens)
+    active = list(range(len(caches)))
     logits = None if first_logits is None else first_logits.expand(len(caches), -1, -1)
     step_ids = question_ids.to(device).expand(len(caches), -1)
     generated: list[list[int]] = [[] for _ in caches]

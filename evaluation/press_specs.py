@@ -1,4 +1,4 @@
-"""Press specs: how a string names a press, and the one place that knows what each press's score reads.
+"""Press specs: how a string names a press.
 
 A spec is a call expression whose values are Python literals or other specs:
 
@@ -166,12 +166,18 @@ def canonical(spec: str) -> str:
 
 def check_presses(specs: list[str]) -> None:
     """Parse every spec once before any work, so a mistake is reported before the model loads."""
+    from evaluation.press_needs import DECODING, needs
+
     for spec in specs:
         press = parse_spec(spec)
         if press is not None and not hasattr(press, "compression_ratio"):
             raise EvaluationError(
-                f"press spec {spec!r}: {type(press).__name__} has no compression_ratio for the budget to set "
-                "(presses that compress while decoding are not part of these protocols)"
+                f"press spec {spec!r}: {type(press).__name__} has no compression_ratio for the budget to set"
+            )
+        if press is not None and needs(press).path == DECODING:
+            raise EvaluationError(
+                f"press spec {spec!r}: {type(press).__name__} compresses while decoding, which these protocols do "
+                "not run yet; use a prefill press"
             )
 
 
@@ -181,51 +187,3 @@ def make_press(spec: str, compression_ratio: float) -> object:
     if press is not None:
         press.compression_ratio = compression_ratio
     return press
-
-
-def inner_presses(press: object) -> list[object]:
-    """The press and every press it wraps, through its dataclass fields."""
-    found = [press]
-    if is_dataclass(press):
-        for field in fields(press):
-            value = getattr(press, field.name, None)
-            for item in value if isinstance(value, list) else [value]:
-                if is_dataclass(item) and hasattr(item, "compress"):
-                    found += inner_presses(item)
-    return found
-
-
-def reads(press: object) -> str | None:
-    """What the press's score reads of a prefill, for the engines that serve it without a prefill of its own
-    (``evaluation.history``, the eviction lab); None for anything else, including subclasses, which may read more.
-
-    "nothing" (StreamingLLM), "newest_row" (TOVA), "window" (SnapKV's observation window), "column_sums"
-    (``ObservedAttentionPress``: H2O's sums), "smoother" (RMM with the model's own or uniform row weights).
-    """
-    from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
-    from kvpress import TOVAPress as KVPressTOVAPress
-
-    from presses import RMMPress, TOVAPress
-
-    kinds = {
-        StreamingLLMPress: "nothing",
-        TOVAPress: "newest_row",
-        KVPressTOVAPress: "newest_row",
-        SnapKVPress: "window",
-        ObservedAttentionPress: "column_sums",
-    }
-    if type(press) is RMMPress:
-        return "smoother" if isinstance(press.correctness, str) else None
-    return kinds.get(type(press))
-
-
-def needs_eager(press: object) -> bool:
-    """Whether the press (or one it wraps) cannot score without the eager attention weights."""
-    from kvpress import ObservedAttentionPress
-
-    return any(isinstance(inner, ObservedAttentionPress) for inner in inner_presses(press))
-
-
-def attn_implementation(spec: str) -> str:
-    """Eager only where a press cannot work without the attention weights; sdpa otherwise."""
-    return "eager" if needs_eager(parse_spec(spec)) else "sdpa"

@@ -1,4 +1,4 @@
-"""Batched decoding of caches of different lengths, with neither padding nor copies of the cache.
+"""Batched decoding of caches of different lengths, with neither padding nor copies of the cache at each step.
 
 On a CPU, a decoding step is bound by the bytes it reads: every weight once per step, whatever the batch,
 plus each sequence's cache. Batching every press's cache of one prompt into one step therefore reads the
@@ -6,23 +6,25 @@ weights once instead of once per cache. Padding the caches to a common length wo
 (and, through ``repeat_kv`` under a mask, copy) the longest cache; ``DynamicCache`` would copy the whole
 cache at every step (``torch.cat``). Here instead:
 
-- sequences of equal cache length form a *group*, laid out on consecutive batch rows;
-- each layer keeps one buffer per group with room for the tokens decoding will add, so a step writes one
-  position per sequence and the attention reads views of the buffers;
+- in each layer, the sequences whose cache has the same length there form a *group* (a press such as PyramidKV
+  keeps a different length in each layer, so groups are per layer);
+- each group keeps one buffer with room for the tokens decoding will add, so a step writes one position per
+  sequence and the attention reads views of the buffers;
 - the projections and MLPs run on the whole batch; the attention (``ragged_sdpa``) runs group by group, with
-  sdpa over the group's own keys only, so no position is padded and no mask is needed.
+  sdpa over the group's own keys only, so no position is padded. A press that masks keys it keeps in memory
+  (AdaKV's head-wise eviction) hands a mask, applied to its sequence's rows only.
 """
 
 from __future__ import annotations
 
-from itertools import accumulate
 from typing import NamedTuple
 
 import torch
 from torch import nn
-from transformers import AttentionInterface, DynamicCache
+from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from evaluation.engine.hooks import Compressed
 from presses.attention import causal_mask
 
 RAGGED_SDPA = "kvet_ragged_sdpa"
@@ -30,10 +32,20 @@ RAGGED_SDPA = "kvet_ragged_sdpa"
 
 class Ragged(NamedTuple):
     """One layer's keys (or values) as a ``RaggedLayer`` hands them to the attention: per group, its batch rows
-    and a view of shape (rows, num_kv_heads, length, head_dim)."""
+    (indices), a view of shape (rows, num_kv_heads, length, head_dim), and which keys each row may see,
+    (rows, num_kv_heads, length) booleans, or None when it sees them all."""
 
-    rows: list[slice]
+    rows: list[torch.Tensor]
     tensors: list[torch.Tensor]
+    visible: list[torch.Tensor | None]
+
+
+class Group(NamedTuple):
+    rows: torch.Tensor  # batch rows, ascending
+    keys: torch.Tensor  # (rows, num_kv_heads, length + room, head_dim)
+    values: torch.Tensor
+    visible: torch.Tensor | None  # (rows, num_kv_heads, length + room), or None: every key visible
+    length: int
 
 
 class RaggedLayer(CacheLayerMixin):
@@ -41,61 +53,76 @@ class RaggedLayer(CacheLayerMixin):
 
     is_sliding = False
 
-    def __init__(self, keys: list[list[torch.Tensor]], values: list[list[torch.Tensor]], room: int) -> None:
-        """``keys`` and ``values``: per group, in batch order, its sequences' (1, num_kv_heads, length, head_dim)
-        tensors; ``room``: how many positions each buffer takes beyond its group's length before it must grow."""
+    def __init__(
+        self, keys: list[torch.Tensor], values: list[torch.Tensor], masks: list[torch.Tensor | None], room: int
+    ) -> None:
+        """Per sequence in batch order: its (1, num_kv_heads, length, head_dim) keys and values and its mask
+        (1, num_kv_heads, length), True for a key no query may see (None: none); ``room``: how many positions
+        each buffer takes beyond its group's length before it must grow."""
         super().__init__()
-        self.lengths = [group[0].shape[2] for group in keys]
-        self.key_buffers = [_with_room(group, room) for group in keys]
-        self.value_buffers = [_with_room(group, room) for group in values]
+        by_length: dict[int, list[int]] = {}
+        for row, tensor in enumerate(keys):
+            by_length.setdefault(tensor.shape[2], []).append(row)
+        self.groups = [
+            Group(
+                torch.tensor(rows, device=keys[0].device),
+                _with_room([keys[row] for row in rows], room),
+                _with_room([values[row] for row in rows], room),
+                _visible([masks[row] for row in rows], keys[rows[0]], room),
+                length,
+            )
+            for length, rows in by_length.items()
+        ]
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         raise RuntimeError("a RaggedLayer is built from existing caches (RaggedCache.from_caches)")
-
-    def rows(self) -> list[slice]:
-        """Each group's batch rows."""
-        stops = list(accumulate(buffer.shape[0] for buffer in self.key_buffers))
-        return [slice(stop - buffer.shape[0], stop) for stop, buffer in zip(stops, self.key_buffers, strict=True)]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: dict | None = None
     ) -> tuple[Ragged, Ragged]:
         """Write the new positions (batch, num_kv_heads, new, head_dim) after each group's own length."""
         new = key_states.shape[2]
-        rows = self.rows()
-        for group, span in enumerate(rows):
-            start, stop = self.lengths[group], self.lengths[group] + new
-            if stop > self.key_buffers[group].shape[2]:
-                self.key_buffers[group] = _with_room([self.key_buffers[group][:, :, :start]], max(start, new))
-                self.value_buffers[group] = _with_room([self.value_buffers[group][:, :, :start]], max(start, new))
-            self.key_buffers[group][:, :, start:stop] = key_states[span]
-            self.value_buffers[group][:, :, start:stop] = value_states[span]
-            self.lengths[group] = stop
+        for index, group in enumerate(self.groups):
+            start, stop = group.length, group.length + new
+            if stop > group.keys.shape[2]:
+                room = max(start, new)
+                visible = None
+                if group.visible is not None:
+                    visible = group.visible.new_ones(*group.visible.shape[:2], start + room)
+                    visible[..., :start] = group.visible[..., :start]
+                grown = (_with_room([group.keys[:, :, :start]], room), _with_room([group.values[:, :, :start]], room))
+                group = group._replace(keys=grown[0], values=grown[1], visible=visible)
+            group.keys[:, :, start:stop] = key_states[group.rows]
+            group.values[:, :, start:stop] = value_states[group.rows]
+            self.groups[index] = group._replace(length=stop)
+        visible = [None if g.visible is None else g.visible[..., : g.length] for g in self.groups]
+        rows = [g.rows for g in self.groups]
         return (
-            Ragged(rows, [buffer[:, :, :n] for buffer, n in zip(self.key_buffers, self.lengths, strict=True)]),
-            Ragged(rows, [buffer[:, :, :n] for buffer, n in zip(self.value_buffers, self.lengths, strict=True)]),
+            Ragged(rows, [g.keys[:, :, : g.length] for g in self.groups], visible),
+            Ragged(rows, [g.values[:, :, : g.length] for g in self.groups], visible),
         )
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the batch rows ``indices`` (ascending); groups left empty are dropped."""
-        kept = set(indices.tolist())
+        """Keep only the batch rows ``indices`` (ascending), renumbered 0.. in that order; empty groups go."""
+        renumber = torch.full((int(indices.max()) + 1 if indices.numel() else 0,), -1, device=indices.device)
+        renumber[indices] = torch.arange(indices.numel(), device=indices.device)
         groups = []
-        for span, keys, values, length in zip(
-            self.rows(), self.key_buffers, self.value_buffers, self.lengths, strict=True
-        ):
-            local = [row - span.start for row in range(span.start, span.stop) if row in kept]
-            if len(local) == keys.shape[0]:
-                groups.append((keys, values, length))
-            elif local:
-                index = torch.tensor(local, device=keys.device)
-                groups.append((keys[index], values[index], length))
-        self.key_buffers = [keys for keys, _, _ in groups]
-        self.value_buffers = [values for _, values, _ in groups]
-        self.lengths = [length for _, _, length in groups]
+        for group in self.groups:
+            local = torch.nonzero(torch.isin(group.rows, indices))[:, 0]
+            if not local.numel():
+                continue
+            if local.numel() == group.rows.numel():
+                groups.append(group._replace(rows=renumber[group.rows]))
+                continue
+            visible = None if group.visible is None else group.visible[local]
+            groups.append(
+                Group(renumber[group.rows[local]], group.keys[local], group.values[local], visible, group.length)
+            )
+        self.groups = groups
 
     def get_seq_length(self) -> int:
-        return max(self.lengths)
+        return max(group.length for group in self.groups)
 
     def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
         return self.get_seq_length() + cache_position.shape[0], 0
@@ -116,24 +143,30 @@ def _with_room(parts: list[torch.Tensor], room: int) -> torch.Tensor:
     return buffer
 
 
+def _visible(masks: list[torch.Tensor | None], keys: torch.Tensor, room: int) -> torch.Tensor | None:
+    """One group's visibility buffer (rows, num_kv_heads, length + room) from its sequences' masks, or None when
+    no sequence masks anything."""
+    if all(mask is None for mask in masks):
+        return None
+    visible = torch.ones(len(masks), keys.shape[1], keys.shape[2] + room, dtype=torch.bool, device=keys.device)
+    for row, mask in enumerate(masks):
+        if mask is not None:
+            visible[row, :, : keys.shape[2]] = ~mask[0].to(keys.device)
+    return visible
+
+
 class RaggedCache(Cache):
     """A batch of single-sequence caches of any lengths, decoded with the ``RAGGED_SDPA`` attention."""
 
     @classmethod
-    def from_caches(cls, caches: list[DynamicCache], room: int) -> RaggedCache:
-        """Batch row i holds ``caches[i]``; sequences of equal length must be adjacent (sort them by length).
-        The caches are copied, never modified. ``room``: the positions decoding is expected to add."""
-        lengths = [cache.get_seq_length() for cache in caches]
-        starts = [i for i, n in enumerate(lengths) if i == 0 or n != lengths[i - 1]]
-        if len(starts) != len(set(lengths)):
-            raise ValueError(f"caches of equal length must be adjacent in the batch, got lengths {lengths}")
-        spans = list(zip(starts, [*starts[1:], len(caches)], strict=True))
+    def from_caches(cls, caches: list[Compressed], room: int) -> RaggedCache:
+        """Batch row i holds ``caches[i]``. The caches are copied, never modified. ``room``: the positions
+        decoding is expected to add."""
         layers = []
-        for layer in range(len(caches[0].layers)):
-            entries = [cache.layers[layer] for cache in caches]
-            keys = [[entry.keys for entry in entries[a:b]] for a, b in spans]
-            values = [[entry.values for entry in entries[a:b]] for a, b in spans]
-            layers.append(RaggedLayer(keys, values, room))
+        for layer in range(len(caches[0].masks)):
+            entries = [cache.cache.layers[layer] for cache in caches]
+            masks = [cache.masks[layer] for cache in caches]
+            layers.append(RaggedLayer([e.keys for e in entries], [e.values for e in entries], masks, room))
         return cls(layers=layers)
 
 
@@ -159,9 +192,12 @@ def ragged_sdpa(
         raise NotImplementedError(f"{RAGGED_SDPA} does not implement sliding-window attention")
     q_len = query.shape[2]
     output = torch.empty_like(query)
-    for rows, keys, values in zip(key.rows, key.tensors, value.tensors, strict=True):
+    for rows, keys, values, visible in zip(key.rows, key.tensors, value.tensors, key.visible, strict=True):
         k_len = keys.shape[2]
         mask = None if q_len == 1 else causal_mask(torch.arange(k_len - q_len, k_len, device=query.device), k_len)
+        if visible is not None:  # keys a press masks (AdaKV's head-wise eviction), per KV head
+            heads = visible.repeat_interleave(query.shape[1] // keys.shape[1], dim=1)[:, :, None]
+            mask = heads if mask is None else heads & mask
         output[rows] = nn.functional.scaled_dot_product_attention(
             query[rows], keys, values, attn_mask=mask, scale=scaling, enable_gqa=True
         )

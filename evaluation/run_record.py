@@ -57,9 +57,11 @@ class RunRecord:
     """Owns a run folder for one session: a lock that a crashed run does not leave held (the operating system
     releases it with the process), and ``run.json``, written before the first cell and updated when the session
     ends. A folder holding a run with other results-defining settings (or other data) is refused; ``defaults``
-    stand for settings an older run.json does not record."""
+    stand for settings an older run.json does not record; ``protocol`` names the protocol or streamed task."""
 
-    def __init__(self, output: Path, config: dict, defining: tuple[str, ...], defaults: dict | None = None) -> None:
+    def __init__(
+        self, output: Path, config: dict, defining: tuple[str, ...], defaults: dict | None = None, protocol: str = ""
+    ) -> None:
         self.path = output / "run.json"
         try:
             output.mkdir(parents=True, exist_ok=True)
@@ -82,6 +84,7 @@ class RunRecord:
             details = ", ".join(f"{key}: stored {old!r}, asked {new!r}" for key, (old, new) in changed.items())
             raise EvaluationError(f"{output} holds a run with other settings ({details}); pass another --output.")
         self.record["config"] = config
+        self.record["protocol"] = protocol  # the scorecard's key to the run's benchmark
         self.started = time.time()
         self.session = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),

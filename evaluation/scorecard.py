@@ -8,8 +8,6 @@ not run are counted (``failed``) and left out of the means and of the pairs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,22 +15,13 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from evaluation.benchmark import Benchmark
 from evaluation.press_specs import FULL_CACHE
 from evaluation.statistics import MIN_EXAMPLES_FOR_INTERVAL, bootstrap, paired
 
 RESAMPLES, SEED = 10_000, 0
 VERDICT_COLORS = {"win": "#1b9e77", "tie": "#7f7f7f", "loss": "#d95f02"}
 MARKERS = "osD^vP*Xhp<>d8"
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    conditions: Callable[[dict], list[str]]  # the conditions a row counts in
-    example_id: Callable[[dict], tuple]
-    scale: float  # LongBench reports 100 x mean, LoCoMo the mean F1
-    digits: int
-    order: tuple[str, ...] = ()  # the protocol's own order of its conditions, if it has one
 
 
 def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd.DataFrame:

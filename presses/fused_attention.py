@@ -8,9 +8,9 @@ scoring adds only the sums. Its output equals sdpa's within float rounding, not 
 press uses it only when asked (``RMMPress(fused_attention=True)``).
 
 A press asks by attaching a ``ColumnSumRequest`` to each attention module (``fused_column_sums``); after the
-layer's prefill the request holds the sums, which the press takes in its forward hook (``take_fused_sums``).
-Whatever ``fused_sdpa`` cannot sum exactly (a padding mask, a sliding window, a single query row) it hands to
-sdpa unchanged, recording no sums, and the press recomputes them.
+layer's prefill the module holds the sums, which the press takes in its forward hook
+(``presses.column_sums.provided``). Whatever ``fused_sdpa`` cannot sum exactly (a padding mask, a sliding
+window, a single query row) it hands to sdpa unchanged, providing no sums, and the press recomputes them.
 """
 
 from __future__ import annotations
@@ -27,25 +27,20 @@ from transformers.masking_utils import sdpa_mask
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from presses.attention import attention_implementation, probability_chunks
-from presses.smoother import in_window
+from presses.column_sums import PROVIDED, ColumnSums, add_column_sums
 
 FUSED_SDPA = "kvet_fused_sdpa"
-REQUEST = "kvet_column_sums"  # the attribute of an attention module that holds its ColumnSumRequest
+REQUEST = "kvet_column_sum_request"  # the attribute of an attention module that holds its ColumnSumRequest
 
 
-@dataclass
+@dataclass(frozen=True)
 class ColumnSumRequest:
-    """The column sums a press wants from a layer's prefill, and, once ``fused_sdpa`` has run, the sums.
+    """The column sums a press wants from a layer's prefill: ``statistic`` with ``weights`` per cached position,
+    the weight of the query row at that position, (batch, length), or None for all ones."""
 
-    ``weights``: per cached position, the weight of the query row at that position, (batch, length), or None
-    for all ones; ``lag``: only the rows of Eq. 1's window (k, k + lag] count towards key k (None: every row t >= k).
-    ``sums``: (batch, num_heads, k_len) float32, from the layer's latest forward; None when it could not fuse.
-    """
-
+    statistic: ColumnSums
     weights: torch.Tensor | None
-    lag: int | None
     chunk_size: int
-    sums: torch.Tensor | None = None
 
 
 def fused_sdpa(
@@ -76,7 +71,7 @@ def fused_sdpa(
         and (request.weights is None or request.weights.shape[-1] == k_len)
     )
     if request is not None:
-        request.sums = None
+        getattr(module, PROVIDED, {}).pop(request.statistic, None)
     if not fusable:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -90,12 +85,8 @@ def fused_sdpa(
         stop, visible = first + probs.shape[2], probs.shape[-1]
         output[:, :, first:stop] = torch.matmul(probs.to(query.dtype), values[:, :, :visible])
         rows = torch.arange(k_len - q_len + first, k_len - q_len + stop, device=query.device)
-        if request.lag is not None:
-            probs = probs * in_window(rows, torch.arange(visible, device=query.device), request.lag)
-        if weights is not None:
-            probs = probs * weights[:, None, rows, None]
-        sums[..., :visible] += probs.sum(2)
-    request.sums = sums
+        add_column_sums(sums, probs, rows, request.statistic.lag, None if weights is None else weights[:, rows])
+    setattr(module, PROVIDED, {**getattr(module, PROVIDED, {}), request.statistic: sums})
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -105,7 +96,11 @@ AttentionMaskInterface.register(FUSED_SDPA, sdpa_mask)  # padding reaches fused_
 
 @contextmanager
 def fused_column_sums(
-    model: PreTrainedModel, layers: nn.ModuleList, weights: torch.Tensor | None, lag: int | None, chunk_size: int
+    model: PreTrainedModel,
+    layers: nn.ModuleList,
+    statistic: ColumnSums,
+    weights: torch.Tensor | None,
+    chunk_size: int,
 ) -> Iterator[None]:
     """Inside the block, ``model`` runs ``fused_sdpa`` and the attention module of each of ``layers`` carries a
     ``ColumnSumRequest``. Only a model running sdpa is switched: eager attention already hands out its weights,
@@ -115,20 +110,12 @@ def fused_column_sums(
         return
     attentions = [layer.self_attn for layer in layers]
     for attention in attentions:
-        setattr(attention, REQUEST, ColumnSumRequest(weights, lag, chunk_size))
+        setattr(attention, REQUEST, ColumnSumRequest(statistic, weights, chunk_size))
     try:
         with attention_implementation(model, FUSED_SDPA):
             yield
     finally:
         for attention in attentions:
             delattr(attention, REQUEST)
-
-
-def take_fused_sums(module: nn.Module, k_len: int) -> torch.Tensor | None:
-    """The sums ``fused_sdpa`` recorded in ``module``'s latest forward over ``k_len`` keys, removed from its
-    request; None if there are none."""
-    request: ColumnSumRequest | None = getattr(module, REQUEST, None)
-    if request is None or request.sums is None or request.sums.shape[-1] != k_len:
-        return None
-    sums, request.sums = request.sums, None
-    return sums
+            if hasattr(attention, PROVIDED):
+                delattr(attention, PROVIDED)

@@ -1,68 +1,54 @@
 """RMM's fixed-lag smoother: demonstrated utility per cached position, and the commit rule.
 
-"Eviction as Estimation: A Fixed-Lag Smoothing View of Test-Time Memory", sections 4 (Eq. 1) and 5. One
-``Smoother`` follows one layer's cache: for every cached slot (per batch row and KV head) it holds the slot's
-absolute position t_k, the demonstrated utility observed so far and how many rows it counted. Rows of attention
+"Eviction as Estimation", sections 4 (Eq. 1) and 5; the definitions are in docs/presses.md. One ``Smoother``
+follows one layer's cache: for every cached slot (per batch row and KV head) its absolute position t_k, the
+demonstrated utility observed so far, how many rows counted, and a fingerprint of its key. Rows of attention
 are observed as they arrive (``observe``), the commit rule ranks the slots (``scores``), and an eviction gathers
-the state with the very indices that gather the cache (``keep``), so the utility of a kept position is never
-forgotten and never misaligned. The press (``presses.rmm_press``), the shared-prefill engine
-(``evaluation.history``) and the eviction lab (``evaluation.traces``) all rank through this one class.
-
-Two definitions, by lag:
-
-- a finite lag H is the paper's smoother. DU_H(k) = sum over rows t in (t_k, t_k + H] of w(t) a(t -> k)
-  (Eq. 1): the window opens *after* t_k, so a position's attention to itself never counts. The H newest
-  positions are the provisional buffer (age t_newest - t_k < H): never evicted. An older position's window
-  has been observed (rows the press never saw, such as a prefill hidden from ``DecodingPress``, count
-  nothing); it is committed if it ranks among the best n_kept - H, and keeps competing with that utility
-  afterwards. A newcomer must outrank an incumbent (section 5): on equal utility the older position stays.
-  H = 0 commits at arrival: the window is empty and every utility 0, so no newcomer outranks an incumbent
-  and the first positions stay: the no-information end of the paper's commit-lag axis.
-- ``lag=None`` is the paper's benchmark scorer (section 8): KVPress's H2O score with a weight on each row,
-  sum over every row t >= t_k of w(t) a(t -> k) divided by the number of rows counted. Its sum includes the
-  diagonal (t = t_k) because ``ObservedAttentionPress`` sums every row of the attention matrix; with uniform
-  weights it keeps exactly what ``ObservedAttentionPress`` keeps. Nothing is provisional.
+the state with the very indices that gather the cache (``keep``); when someone else evicted, the fingerprints
+say which slots survived (``locate``). The press, the evaluation engine and the eviction lab all rank through it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 
 import torch
 
+from presses.column_sums import in_window
+
 UNSEEN = float("-inf")  # the score of a slot no valid row can see (a padding position): evicted first
-
-
-def in_window(rows: torch.Tensor, slots: torch.Tensor, lag: int | None) -> torch.Tensor:
-    """Whether row t counts towards the slot at position t_k: (..., n_rows, n_slots) booleans.
-
-    ``rows`` (..., n_rows) and ``slots`` (..., n_slots) are absolute positions with broadcastable leading axes.
-    A finite lag: t_k < t <= t_k + lag (Eq. 1). ``None``: t >= t_k.
-    """
-    distance = rows[..., :, None] - slots[..., None, :]
-    if lag is None:
-        return distance >= 0
-    return (distance > 0) & (distance <= lag)
-
+MARK_DIMS = 8  # a key's fingerprint: its projection on this many fixed random directions
 
 Confirmation = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # positions -> (correct, known)
+
+
+@cache
+def _directions(head_dim: int) -> torch.Tensor:
+    return torch.randn(head_dim, MARK_DIMS, generator=torch.Generator().manual_seed(0))
+
+
+def key_marks(keys: torch.Tensor) -> torch.Tensor:
+    """Fingerprints of keys (batch, num_kv_heads, n, head_dim): (batch, num_kv_heads, n, MARK_DIMS) float32. A
+    kept key is never changed by an eviction, so its fingerprint finds its slot again."""
+    return keys.float() @ _directions(keys.shape[-1]).to(keys.device)
 
 
 @dataclass
 class Smoother:
     """The smoother's state for one layer: shapes (batch, num_kv_heads, n_slots).
 
-    ``positions``: each slot's absolute position; ``utility``: sum of w(t) a(t -> k) over the observed rows of
-    its window (float32); ``rows``: how many observed rows counted (``lag=None`` divides by it); ``seen``: whether
-    any valid row could attend to the slot (a padding slot is never seen); ``newest``: the newest observed row's
-    position per batch row, (batch,); ``pending``: rows whose weight is not confirmed yet, each as its position
-    (batch,) and its contribution to every slot (batch, num_kv_heads, n_slots), held apart from ``utility`` and
-    counted as correct until ``revise`` adds or drops it.
+    ``utility``: sum of w(t) a(t -> k) over the observed rows of each slot's window (float32); ``rows``: how many
+    observed rows counted (``lag=None`` divides by it); ``seen``: whether any valid row could attend to the slot;
+    ``marks``: key fingerprints (..., n_slots, MARK_DIMS); ``newest``: the newest observed row's position per
+    batch row; ``pending``: rows whose weight is not known yet, as (position (batch,), contribution to every
+    slot), counted as correct until ``revise`` settles them.
     """
 
     lag: int | None
     positions: torch.Tensor
+    marks: torch.Tensor
     utility: torch.Tensor
     rows: torch.Tensor
     seen: torch.Tensor
@@ -70,21 +56,21 @@ class Smoother:
     pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, lag: int | None, positions: torch.Tensor) -> Smoother:
+    def start(cls, lag: int | None, positions: torch.Tensor, marks: torch.Tensor) -> Smoother:
         """A smoother over slots at ``positions`` (batch, num_kv_heads, n_slots) with nothing observed yet."""
         zeros = torch.zeros(positions.shape, dtype=torch.float32, device=positions.device)
-        first = positions.amin(dim=(1, 2)) if positions.shape[-1] else positions.new_zeros(positions.shape[0])
-        newest = first - 1
-        return cls(lag, positions, zeros, zeros.clone(), torch.zeros_like(zeros, dtype=torch.bool), newest)
+        newest = positions.amin(dim=(1, 2)) - 1 if positions.shape[-1] else positions.new_full(positions.shape[:1], -1)
+        return cls(lag, positions, marks, zeros, zeros.clone(), torch.zeros_like(zeros, dtype=torch.bool), newest)
 
     @property
     def size(self) -> int:
         return self.positions.shape[-1]
 
-    def append(self, positions: torch.Tensor) -> None:
+    def append(self, positions: torch.Tensor, marks: torch.Tensor) -> None:
         """New slots at ``positions`` (batch, num_kv_heads, n_new), after the existing ones (as a cache appends)."""
         zeros = torch.zeros(positions.shape, dtype=torch.float32, device=positions.device)
         self.positions = torch.cat([self.positions, positions], dim=-1)
+        self.marks = torch.cat([self.marks, marks], dim=-2)
         self.utility = torch.cat([self.utility, zeros], dim=-1)
         self.rows = torch.cat([self.rows, zeros], dim=-1)
         self.seen = torch.cat([self.seen, zeros.bool()], dim=-1)
@@ -100,11 +86,10 @@ class Smoother:
     ) -> None:
         """Add rows of attention to the slots of their windows.
 
-        ``row_positions`` (batch, n_rows); ``weights`` (batch, n_rows): w(t); ``probs``
-        (batch, num_kv_heads, n_rows, n_visible): each row's attention to the first ``n_visible`` slots, averaged
-        over the query heads of each KV group (zero where the row cannot see the slot); ``valid`` (batch, n_rows):
-        False for a row that is no real token (padding), which then neither adds nor counts; ``unconfirmed``
-        (n_rows,): rows whose weight is provisional, kept in ``pending`` for ``revise``.
+        ``row_positions`` (batch, n_rows); ``weights`` (batch, n_rows): w(t); ``probs`` (batch, num_kv_heads,
+        n_rows, n_visible): each row's attention to the first ``n_visible`` slots, averaged over the query heads of
+        each KV group; ``valid`` (batch, n_rows): False for padding rows, which neither add nor count;
+        ``unconfirmed`` (n_rows,): rows whose weight is provisional, kept in ``pending`` for ``revise``.
         """
         visible = probs.shape[-1]
         window = in_window(row_positions[:, None, :], self.positions[..., :visible], self.lag)
@@ -125,8 +110,8 @@ class Smoother:
             self.pending.append((row_positions[:, row], pending))
 
     def set_sums(self, utility: torch.Tensor) -> None:
-        """Take the utility of every slot from sums computed elsewhere over all rows up to the newest slot
-        (``presses.fused_attention``), on a fresh smoother of consecutive positions."""
+        """Take every slot's utility from sums computed elsewhere over all rows up to the newest slot
+        (``presses.column_sums``), on a fresh smoother of consecutive positions."""
         self.newest = self.positions.amax(dim=(1, 2))
         ages = self.newest[:, None, None] - self.positions
         self.utility = utility
@@ -135,7 +120,7 @@ class Smoother:
 
     def revise(self, confirm: Confirmation) -> None:
         """Settle the pending rows whose correctness is now known: a right one's contribution joins the utility,
-        a wrong one's is dropped. Unsettled rows keep counting as correct (``scores``)."""
+        a wrong one's is dropped."""
         still = []
         for row, contribution in self.pending:
             correct, known = confirm(row[:, None])
@@ -157,10 +142,9 @@ class Smoother:
         return self.newest[:, None, None] - self.positions < self.lag
 
     def scores(self) -> torch.Tensor:
-        """The commit rule as a ranking, (batch, num_kv_heads, n_slots) float32: keeping the highest n_kept keeps
-        the provisional buffer (+inf) and the committed slots of highest demonstrated utility (rows still pending
-        counted as correct); slots no valid row saw score -inf. A newcomer must outrank an incumbent: ties keep
-        the lower position (``kept_indices(..., keep_older=True)``)."""
+        """The commit rule as a ranking, float32: the provisional buffer +inf, committed slots their demonstrated
+        utility (pending rows counted as correct; ``lag=None``: its mean over the rows counted), slots no valid
+        row saw -inf. Ties keep the older slot (``kept_indices(..., keep_older=True)``)."""
         provisional = self.provisional()
         utility = self.utility + sum(contribution for _, contribution in self.pending)
         scores = utility if self.lag is not None else utility / self.rows.clamp(min=1)
@@ -178,7 +162,28 @@ class Smoother:
     def keep(self, indices: torch.Tensor) -> None:
         """Keep the slots ``indices`` (batch, num_kv_heads, n_kept), in that order (the cache's gather)."""
         self.positions = self.positions.gather(-1, indices)
+        self.marks = self.marks.gather(-2, indices[..., None].expand(-1, -1, -1, MARK_DIMS))
         self.utility = self.utility.gather(-1, indices)
         self.rows = self.rows.gather(-1, indices)
         self.seen = self.seen.gather(-1, indices)
         self.pending = [(row, contribution.gather(-1, indices)) for row, contribution in self.pending]
+
+    def drop_from(self, position: int) -> None:
+        """Forget the slots and pending rows at ``position`` and later: a cache cropped back to before them (its
+        newest entries, appended last, are the ones cut)."""
+        kept = int((self.positions[0, 0] < position).sum())
+        self.keep(torch.arange(kept, device=self.positions.device).expand(*self.positions.shape[:2], -1))
+        self.pending = [(row, contribution) for row, contribution in self.pending if int(row[0]) < position]
+        self.newest = torch.clamp(self.newest, max=position - 1)
+
+    def locate(self, marks: torch.Tensor) -> torch.Tensor:
+        """The slot of each fingerprint ``marks`` (batch, num_kv_heads, m, MARK_DIMS): (batch, num_kv_heads, m)
+        indices of the nearest slot, found through the slots sorted by their first fingerprint dimension."""
+        order = self.marks[..., 0].argsort(dim=-1)
+        ranked = self.marks.gather(-2, order[..., None].expand(-1, -1, -1, MARK_DIMS))
+        place = torch.searchsorted(ranked[..., 0].contiguous(), marks[..., 0].contiguous())
+        candidates = (place[..., None] + torch.arange(-1, 2, device=place.device)).clamp(0, self.size - 1)
+        flat = candidates.flatten(-2)[..., None].expand(-1, -1, -1, MARK_DIMS)
+        distance = (ranked.gather(-2, flat).unflatten(-2, candidates.shape[-2:]) - marks[..., None, :]).abs().sum(-1)
+        best = candidates.gather(-1, distance.argmin(-1, keepdim=True))[..., 0]
+        return order.gather(-1, best)

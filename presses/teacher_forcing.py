@@ -11,9 +11,9 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields, is_dataclass
 
 import torch
+from kvpress.presses.base_press import BasePress
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
@@ -92,13 +92,17 @@ def forward_positions(kwargs: dict, length: int, device: torch.device) -> torch.
 
 
 def holds(press: object, inner: object) -> bool:
-    """Whether ``press`` is ``inner`` or wraps it, through any dataclass field (``press``, ``presses``, ...)."""
+    """Whether ``press`` is ``inner`` or wraps it, through any attribute holding a press or a list of presses
+    (``press``, ``presses``, ``base_press``...; wrappers need not be dataclasses, ``CriticalKVPress`` is not)."""
     if press is inner:
         return True
-    if not is_dataclass(press):
-        return False
-    values = [getattr(press, field.name, None) for field in fields(press)]
-    return any(holds(item, inner) for value in values for item in (value if isinstance(value, list) else [value]))
+    values = vars(press).values() if isinstance(press, BasePress) else ()
+    return any(
+        holds(item, inner)
+        for value in values
+        for item in (value if isinstance(value, (list, tuple)) else [value])
+        if isinstance(item, BasePress)
+    )
 
 
 class Transcript:
@@ -152,6 +156,7 @@ class Transcript:
         self.tokens, self.predictions = self.tokens[:, :first], self.predictions[:, :first]
         self.tokens = _write(self.tokens, positions, ids)
         self._last_positions = positions
+        self._call = {"input_ids": ids, **{key: kwargs.get(key) for key in ("attention_mask", "position_ids")}}
 
     def _record_predictions(self, lm_head: nn.Module, output: torch.Tensor) -> None:
         positions = getattr(self, "_last_positions", None)
@@ -187,6 +192,29 @@ class Transcript:
 
     def knows_tokens(self, positions: torch.Tensor) -> bool:
         return bool((_read(self.tokens, positions) >= 0).all())
+
+    def weights(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The teacher-forced weight of each row at ``positions`` (batch, n_rows), and which rows' weights are
+        provisional (n_rows,): a row whose prediction or next token is not known yet counts as correct until
+        known. None when the tokens themselves are unknown."""
+        if not self.knows_tokens(positions):
+            return None
+        correct, known = self.confirm(positions)
+        return torch.where(known, correct, 1.0), ~known.all(0)
+
+    @torch.no_grad()
+    def predict(self, model: PreTrainedModel | None, positions: torch.Tensor) -> None:
+        """The predictions of the rows at ``positions``, the forward in progress (inside another press's hooks,
+        before its logits exist), from one extra run of that forward without its cache and with every hook
+        suspended."""
+        call = getattr(self, "_call", None)
+        if model is None or call is None or not torch.equal(self._last_positions[:, -positions.shape[1] :], positions):
+            return
+        if bool(self.confirm(positions[:, :-1])[1].all()):
+            return
+        with hooks_suspended(model):
+            hidden = language_model(model)(**call, use_cache=False)[0][:, -positions.shape[1] :]
+        self.predictions = _write(self.predictions, positions, top1_predictions(model.get_output_embeddings(), hidden))
 
 
 def _write(table: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from kvpress import KnormPress
 from kvpress.presses.base_press import BasePress
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
@@ -85,6 +88,34 @@ def kept_positions(
     (``atol``: for a press that computes the attention itself, see ``positions_of``)."""
     full, compressed = prefill(model, input_ids), prefill(model, input_ids, press)
     return [positions_of(f.keys, c.keys, atol) for f, c in zip(full.layers, compressed.layers, strict=True)]
+
+
+def history_kept(history, press: BasePress | None) -> list[torch.Tensor]:
+    """Per layer, the positions of the history's full cache that the engine's cache for ``press`` holds."""
+    compressed = history.compress(press)
+    return [
+        positions_of(full.keys, kept.keys)
+        for full, kept in zip(history.cache.layers, compressed.cache.layers, strict=True)
+    ]
+
+
+class OwnPrefillKnorm(KnormPress):
+    """KNorm behind a context manager of its own: a press that may run forward passes of its own, so the engine
+    gives it a prefill of its own."""
+
+    @contextmanager
+    def __call__(self, model: PreTrainedModel) -> Iterator[None]:
+        with super().__call__(model):
+            yield
+
+
+def implementation(spec: str) -> str:
+    """The attention a per-cell prefill under the press needs: eager where it reads the weights, else sdpa."""
+    from evaluation.press_needs import needs
+    from evaluation.press_specs import make_press
+
+    press = make_press(spec, 0.5)
+    return "eager" if press is not None and needs(press).eager else "sdpa"
 
 
 def same_sets(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

@@ -60,15 +60,13 @@ def test_any_press_runs_and_its_spec_names_it_in_rows_and_run_json(model_dir, da
     assert longbench(model_dir, data_dir, output, *presses, "--n", "1") == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     paths = {row["press"]: row["path"] for row in rows}
-    assert paths == {
-        "full": "shared",
-        "rmm(lag=4,correctness='uniform')": "shared",
-        "knorm": "per-cell",
-        "key_rerotation(tova)": "per-cell",
-    }
+    assert paths == dict.fromkeys(
+        ["full", "rmm(lag=4,correctness='uniform')", "knorm", "key_rerotation(tova)"], "shared"
+    )
     assert not any(row.get("error") for row in rows)
     record = json.loads((output / "run.json").read_text())
-    assert record["config"]["paths"] == {press: path for press, path in paths.items() if press != "full"}
+    shared = "shared prefill: its own hook on the stored inputs"
+    assert record["config"]["paths"] == {press: shared for press in paths if press != "full"}
     assert "| rmm(lag=4,correctness='uniform') |" in (output / "scorecard.md").read_text()
 
 
@@ -104,10 +102,12 @@ def test_a_config_file_sits_between_the_defaults_and_the_command_line(model_dir,
 
 def test_a_dry_run_loads_no_model(data_dir, tmp_path, capsys):  # noqa: F811
     argv = ["longbench", "--model", str(tmp_path / "absent"), "--data", str(data_dir), "--tasks", "hotpotqa", "trec"]
-    assert main([*argv, "--presses", "full", "h2o", "knorm", "--n", "3", "--dry-run"]) == 0
+    own = "tests.helpers:OwnPrefillKnorm"
+    assert main([*argv, "--presses", "full", "h2o", "knorm", own, "--n", "3", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "6 examples (hotpotqa, trec) x 5 cells = 30 cells" in out
-    assert "knorm @ keep 50% (per-cell path)" in out and "prefills: 18 (6 shared by 3 cells each, 12 per cell)" in out
+    assert "6 examples (hotpotqa, trec) x 7 cells = 42 cells" in out
+    assert "knorm @ keep 50%\n" in out and f"{own} @ keep 50% (per-cell path)" in out
+    assert "prefills: 18 (6 shared by 5 cells each, 12 per cell)" in out
     assert not (tmp_path / "results").exists()
 
 

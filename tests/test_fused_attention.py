@@ -11,6 +11,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import presses.rmm_press
 from presses import RMMPress
+from presses.column_sums import PROVIDED, ColumnSums, provided
 from presses.fused_attention import FUSED_SDPA, REQUEST, ColumnSumRequest, fused_sdpa
 from tests.helpers import kept_positions, prefill, same_sets, tiny_model
 
@@ -58,25 +59,28 @@ def test_output_equals_sdpa_and_sums_follow_the_definition(q_len, k_len, lag, we
     query, key, value = attention_inputs(q_len, k_len)
     weights = torch.rand(1, k_len, generator=torch.Generator().manual_seed(1)) if weighted else None
     module = attention_module()
-    setattr(module, REQUEST, ColumnSumRequest(weights, lag, chunk_size=8))
+    statistic = ColumnSums(lag, "supplied" if weighted else "uniform")
+    setattr(module, REQUEST, ColumnSumRequest(statistic, weights, chunk_size=8))
     output, _ = fused_sdpa(module, query, key, value, None, scaling=HEAD_DIM**-0.5)
     mask = None if q_len == k_len else torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
     expected, _ = sdpa_attention_forward(attention_module(), query, key, value, mask, scaling=HEAD_DIM**-0.5)
     torch.testing.assert_close(output, expected, atol=1e-5, rtol=0)
-    sums = getattr(module, REQUEST).sums
+    sums = provided(module, statistic, k_len)
     torch.testing.assert_close(sums, column_sums_by_definition(query, key, weights, lag), atol=1e-5, rtol=0)
 
 
 def test_what_it_cannot_sum_goes_to_sdpa_and_records_nothing():
     query, key, value = attention_inputs(12, 12)
     module = attention_module()
-    request = ColumnSumRequest(None, None, chunk_size=4, sums=torch.zeros(1))
-    setattr(module, REQUEST, request)
+    setattr(module, REQUEST, ColumnSumRequest(ColumnSums(), None, chunk_size=4))
+    setattr(module, PROVIDED, {ColumnSums(): torch.zeros(1, HEADS, 12)})
     padding = torch.ones(1, 1, 12, 12, dtype=torch.bool).tril()
     output, _ = fused_sdpa(module, query, key, value, padding, scaling=0.25)
     expected, _ = sdpa_attention_forward(attention_module(), query, key, value, padding, scaling=0.25)
     assert torch.equal(output, expected)
-    assert request.sums is None, "sums of an earlier forward must not survive a forward that could not fuse"
+    assert provided(module, ColumnSums(), 12) is None, (
+        "an earlier forward's sums must not survive one that could not fuse"
+    )
 
 
 @pytest.mark.parametrize("ratio", [0.25, 0.6])
@@ -110,6 +114,7 @@ def test_fused_press_scores_from_the_fused_sums_and_restores_the_model(sdpa_mode
     assert cache.get_seq_length() == token_ids.shape[1] // 2
     assert sdpa_model.config._attn_implementation == "sdpa"
     assert not any(hasattr(layer.self_attn, REQUEST) for layer in sdpa_model.model.layers)
+    assert not any(hasattr(layer.self_attn, PROVIDED) for layer in sdpa_model.model.layers)
 
 
 def test_fused_press_under_eager_reads_the_eager_weights(eager_model, token_ids):

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from evaluation.budgets import Budget
+from evaluation.engine.history import History
 from evaluation.generation import decode
-from evaluation.history import History
-from evaluation.press_specs import DEFAULT_PRESSES, attn_implementation, make_press
-from tests.helpers import kept_positions, prefill, tiny_model
+from evaluation.press_specs import DEFAULT_PRESSES, make_press
+from tests.helpers import history_kept, implementation, kept_positions, prefill, tiny_model
 
 TURNS = [("question", 9), ("answer", 5), ("question", 7), ("answer", 6), ("question", 8), ("answer", 4)]
 
@@ -25,7 +25,7 @@ def naive_weights(model, ids: torch.Tensor, kinds: list[str]) -> torch.Tensor:
 @pytest.mark.parametrize("name", [*DEFAULT_PRESSES[1:], "rmm(lag=8)"])
 def test_incremental_kept_sets_and_answers_equal_a_naive_re_prefill(arch, name):
     generator = torch.Generator().manual_seed(7)
-    model = tiny_model(arch, attn_implementation(name))
+    model = tiny_model(arch, implementation(name))
     history = History(model, teacher_forced_kinds=frozenset({"answer"}), presses=[make_press(name, 0.5)])
     chunks = [("conversation", torch.randint(3, 256, (90,), generator=generator).tolist())]
     chunks += [(kind, torch.randint(3, 256, (size,), generator=generator).tolist()) for kind, size in TURNS]
@@ -44,14 +44,14 @@ def test_incremental_kept_sets_and_answers_equal_a_naive_re_prefill(arch, name):
             naive_press.correctness = weights.unsqueeze(0)
         else:
             naive_press = make_press(name, ratio)
-        cache, kept = history.compress(press)
+        cache, kept = history.compress(press), history_kept(history, make_press(name, ratio))
         naive = kept_positions(model, ids, naive_press)
         assert [k.shape[-1] for k in kept] == [40, 40]
         for ours, theirs in zip(kept, naive, strict=True):
             assert torch.equal(ours.sort(-1).values, theirs.sort(-1).values), f"{name} after {len(ids[0])} tokens"
 
         question = torch.tensor([tokens[:3]])
-        answer = decode(model, cache, question, history.length, 5, set())
+        answer = decode(model, cache.cache, question, history.length, 5, set())
         naive_cache = prefill(model, ids, naive_press)
         assert answer == decode(model, naive_cache, question, history.length, 5, set())
         assert history.cache.get_seq_length() == history.length, "answering decodes from a copy"
@@ -63,8 +63,8 @@ def test_first_turn_rmm_keeps_what_h2o_keeps():
     history = History(model, frozenset({"answer"}), [make_press("rmm", 0.5), make_press("h2o", 0.5)])
     history.extend(torch.randint(3, 256, (120,), generator=torch.Generator().manual_seed(2)).tolist(), "conversation")
     ratio = Budget("tokens", 50).compression_ratio(history.length)
-    _, rmm = history.compress(make_press("rmm", ratio))
-    _, h2o = history.compress(make_press("h2o", ratio))
+    rmm = history_kept(history, make_press("rmm", ratio))
+    h2o = history_kept(history, make_press("h2o", ratio))
     assert all(torch.equal(a.sort(-1).values, b.sort(-1).values) for a, b in zip(rmm, h2o, strict=True))
 
 
@@ -86,6 +86,6 @@ def test_every_row_teacher_forced_including_rows_at_chunk_boundaries():
     ratio = Budget("tokens", 40).compression_ratio(history.length)
     naive_press = make_press("rmm", ratio)
     naive_press.correctness = expected.unsqueeze(0)
-    _, kept = history.compress(make_press("rmm", ratio))
+    kept = history_kept(history, make_press("rmm", ratio))
     for ours, theirs in zip(kept, kept_positions(model, ids, naive_press), strict=True):
         assert torch.equal(ours.sort(-1).values, theirs.sort(-1).values)

@@ -275,3 +275,25 @@ def test_a_run_recorded_before_streamed_tasks_existed_resumes(model_dir, data_fi
     (output / "run.json").write_text(json.dumps(record))
     assert locomo(model_dir, data_file, output, "--max-turns", "2") == 2, "max_turns defines the results"
     assert locomo(model_dir, data_file, output, "--max-turns", "1") == 0
+
+
+def test_any_kvpress_press_streams_and_one_on_its_own_prefill_re_prefills_each_question(model_dir, data_file, tmp_path):
+    """Presses the history serves (KNorm, AdaKV's masking, PyramidKV) and one that may run forward passes of its own
+    (a re-prefill of the whole history before each of its questions): the latter answers as KNorm, whose hook it
+    runs, and run.json records how each press went."""
+    output = tmp_path / "any"
+    own = "tests.helpers:OwnPrefillKnorm"
+    presses = ("--presses", "knorm", own, "adakv(snapkv(window_size=4))", "pyramidkv(window_size=4)")
+    assert locomo(model_dir, data_file, output, *presses) == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert {r["press"]: r["path"] for r in rows} == {
+        "knorm": "shared",
+        own: "own-prefill",
+        "adakv(snapkv(window_size=4))": "shared",
+        "pyramidkv(window_size=4)": "shared",
+    }
+    by_press = {press: [r["prediction"] for r in rows if r["press"] == press] for press in ("knorm", own)}
+    assert by_press["knorm"] == by_press[own]
+    assert all(r["kept_tokens"] == 200 for r in rows), "AdaKV masks what it evicts: 200 keys visible per head"
+    paths = json.loads((output / "run.json").read_text())["config"]["paths"]
+    assert paths[own] == "its own prefill" and paths["knorm"].startswith("shared prefill")

@@ -276,10 +276,13 @@ def test_per_position_weights_must_cover_the_sequence(sdpa_model, token_ids):
         prefill(sdpa_model, token_ids, press)
 
 
-def test_teacher_forced_inside_per_layer_compression_says_what_to_do(sdpa_model, token_ids):
-    press = PerLayerCompressionPress(RMMPress(), compression_ratios=[0.5, 0.5])
-    with pytest.raises(RuntimeError, match="correctness='uniform'"):
-        prefill(sdpa_model, token_ids, press)
+def test_teacher_forced_where_the_model_is_hidden_warns_and_keeps_what_uniform_weights_keep(sdpa_model, token_ids):
+    """PerLayerCompressionPress never shows its press the model: no token ids, so no teacher forcing."""
+    hidden = PerLayerCompressionPress(RMMPress(lag=4), compression_ratios=[0.5, 0.5])
+    uniform = PerLayerCompressionPress(RMMPress(lag=4, correctness="uniform"), compression_ratios=[0.5, 0.5])
+    with pytest.warns(UserWarning, match="cannot see the token ids"):
+        kept = kept_positions(sdpa_model, token_ids, hidden)
+    assert same_sets(kept, kept_positions(sdpa_model, token_ids, uniform))
 
 
 @pytest.mark.parametrize(

@@ -45,8 +45,9 @@ def test_unpaired_examples_are_reported_not_dropped():
         paired(partial, BASE, "cell", 1_000, 0)
 
 
-def write_run(folder: Path, rows: list[dict]) -> Path:
+def write_run(folder: Path, rows: list[dict], protocol: str) -> Path:
     folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"config": {}, "sessions": [], "protocol": protocol}))
     (folder / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     return folder
 
@@ -76,8 +77,12 @@ def locomo_rows(press: str, shift: float) -> list[dict]:
 
 
 def test_the_scorecard_command_across_benchmarks(tmp_path, capsys):
-    longbench = write_run(tmp_path / "lb", longbench_rows("h2o", 0, range(40)) + longbench_rows("rmm", 0.2, range(40)))
-    locomo = write_run(tmp_path / "lc", locomo_rows("h2o", 0) + locomo_rows("rmm", -0.2) + locomo_rows("tova", 0))
+    longbench = write_run(
+        tmp_path / "lb", longbench_rows("h2o", 0, range(40)) + longbench_rows("rmm", 0.2, range(40)), "longbench"
+    )
+    locomo = write_run(
+        tmp_path / "lc", locomo_rows("h2o", 0) + locomo_rows("rmm", -0.2) + locomo_rows("tova", 0), "locomo"
+    )
     argv = ["scorecard", str(longbench), str(locomo), "--output", str(tmp_path / "out" / "both")]
     assert main(argv) == 0
     markdown = (tmp_path / "out" / "both" / "scorecard.md").read_text()
@@ -96,7 +101,9 @@ def test_the_scorecard_command_across_benchmarks(tmp_path, capsys):
 
 
 def test_the_scorecard_command_refuses_runs_that_disagree_on_examples(tmp_path, capsys):
-    run = write_run(tmp_path / "lb", longbench_rows("h2o", 0, range(40)) + longbench_rows("rmm", 0.1, range(39)))
+    run = write_run(
+        tmp_path / "lb", longbench_rows("h2o", 0, range(40)) + longbench_rows("rmm", 0.1, range(39)), "longbench"
+    )
     assert main(["scorecard", str(run), "--output", str(tmp_path / "out")]) == 2
     assert (
         "the runs disagree on examples (1 only in the reference, e.g. [('hotpotqa', 'q39')]" in capsys.readouterr().err

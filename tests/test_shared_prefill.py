@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from evaluation.budgets import Budget, ratio_for
+from evaluation.engine.history import History
 from evaluation.generation import decode_batch, generate
-from evaluation.history import History
-from evaluation.press_specs import DEFAULT_PRESSES, attn_implementation, make_press
-from tests.helpers import prefill, tiny_model
+from evaluation.press_specs import DEFAULT_PRESSES, make_press
+from tests.helpers import history_kept, implementation, prefill, tiny_model
 from tests.test_longbench_protocol import data_dir, longbench, model_dir, read_rows  # noqa: F401
 
+OWN_PREFILL = "tests.helpers:OwnPrefillKnorm"
 CELLS = [("full", None)] + [
     (name, Budget(kind, value))
     for name in [*DEFAULT_PRESSES[1:], "rmm(lag=8)"]
@@ -23,7 +24,7 @@ CELLS = [("full", None)] + [
 
 def per_cell_cache(model, context: torch.Tensor, press_name: str, budget: Budget | None):
     """KVPress's prefill under the press, with the attention implementation the per-cell path uses."""
-    model.set_attn_implementation(attn_implementation(press_name))
+    model.set_attn_implementation(implementation(press_name))
     return prefill(model, context, make_press(press_name, ratio_for(budget, context.shape[1])))
 
 
@@ -37,7 +38,7 @@ def test_shared_and_per_cell_paths_keep_the_same_positions_and_predict_the_same(
     press = make_press(press_name, ratio)
     history = History(model, frozenset({"context"}), [press])
     history.extend(context[0].tolist(), "context")
-    cache, kept = history.compress(press)
+    cache, kept = history.compress(press), history_kept(history, press)
     full = prefill(model, context)
     reference = per_cell_cache(model, context, press_name, budget)
     for layer, indices in enumerate(kept):
@@ -55,15 +56,16 @@ def test_the_grid_on_both_paths_agrees_and_records_the_path_each_press_took(
     tmp_path,
     monkeypatch,
 ):
-    """KNorm is not a press the history can score: it falls back to the per-cell path on its own."""
+    """KNorm runs its own hook on the shared prefill; a press that replaces KVPress's context manager (it may run
+    forward passes of its own) falls back to the per-cell path on its own."""
     shared_run, per_cell_run = tmp_path / "shared", tmp_path / "per-cell"
-    presses = ("--presses", "full", "snapkv", "h2o", "tova", "rmm", "knorm")
+    presses = ("--presses", "full", "snapkv", "h2o", "tova", "rmm", "knorm", OWN_PREFILL)
     assert longbench(model_dir, data_dir, shared_run, *presses) == 0
     assert longbench(model_dir, data_dir, per_cell_run, *presses, "--path", "per-cell") == 0
     shared, per_cell = read_rows(shared_run), read_rows(per_cell_run)
-    assert len(shared) == len(per_cell) == 2 * 2 * (1 + 5 * 2)
+    assert len(shared) == len(per_cell) == 2 * 2 * (1 + 6 * 2)
     for row in shared:
-        assert row["path"] == ("per-cell" if row["press"] == "knorm" else "shared")
+        assert row["path"] == ("per-cell" if row["press"] == OWN_PREFILL else "shared")
         assert row["attn_implementation"] == (
             "eager" if row["press"] == "h2o" and row["path"] == "per-cell" else "sdpa"
         )

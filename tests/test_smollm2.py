@@ -4,6 +4,7 @@ against the per-cell one."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -14,12 +15,12 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from evaluation.budgets import Budget, press_cells, ratio_for
+from evaluation.engine.history import History
 from evaluation.generation import decode, decode_batch, eos_ids
-from evaluation.history import History
 from evaluation.longbench.data import load_configs, load_task
 from evaluation.longbench.prompts import build_prompt
 from evaluation.models import SMOLLM2_ALIAS
-from evaluation.press_specs import DEFAULT_PRESSES, FULL_CACHE, attn_implementation, make_press
+from evaluation.press_specs import DEFAULT_PRESSES, FULL_CACHE, make_press
 from evaluation.traces.policies import LayerTrace, default_policies
 from evaluation.traces.record import load_or_record
 from evaluation.traces.replay import recent_share, replay
@@ -30,6 +31,8 @@ from tests.helpers import (
     NEAR_TIE,
     SHARED_DATA,
     first_difference,
+    history_kept,
+    implementation,
     kept_positions,
     positions_of,
     prefill,
@@ -167,10 +170,11 @@ def test_shared_path_equals_per_cell_path_on_three_multi_news_examples(smollm2):
         history = History(sdpa, frozenset({"context"}), presses)
         history.extend(context[0].tolist(), "context")
         derived = [history.compress(press) for press in presses]
-        shared = decode_batch(sdpa, [cache for cache, _ in derived], prompt.question_ids, length, 16, stop, None)
+        shared = decode_batch(sdpa, derived, prompt.question_ids, length, 16, stop, None)
         full = prefill(sdpa, context)
-        for (name, budget), (_, kept), tokens in zip(cells, derived, shared, strict=True):
-            model = eager if attn_implementation(name) == "eager" else sdpa
+        for (name, budget), press, tokens in zip(cells, presses, shared, strict=True):
+            kept = history_kept(history, press)
+            model = eager if implementation(name) == "eager" else sdpa
             reference = prefill(model, context, make_press(name, ratio_for(budget, length)))
             for layer, indices in enumerate(kept):
                 expected = positions_of(full.layers[layer].keys, reference.layers[layer].keys, atol=1e-4)
@@ -234,3 +238,52 @@ def test_query_agnostic_prompts_are_the_query_aware_tokens_and_predict_as_genera
             generated = model.generate(aware.context_ids, max_new_tokens=16, do_sample=False)
         reference = generated[0, aware.context_ids.shape[1] :].tolist()
         assert ours == [token for token in reference[: len(ours)]] and (len(ours) == 16 or reference[len(ours)] in stop)
+
+
+def test_decoding_press_alone_keeps_the_sink_of_the_prompt_it_never_saw(smollm2, multi_news_contexts):
+    """``DecodingPress(RMMPress(lag=4))`` in KVPress's pipeline, 96 greedy steps at a budget of 64: RMM replays the
+    prompt the pipeline prefilled outside the press, so the attention sink (position 0) competes by its utility
+    and stays in most (layer, KV head) slots."""
+    from transformers import pipeline
+
+    model, tokenizer = smollm2("sdpa")
+    generator = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
+    context, question = multi_news_contexts[0][:1500], "\nQuestion: What is this about?\nAnswer:"
+    cache = DynamicCache()
+    press = DecodingPress(RMMPress(lag=4), compression_interval=1, target_size=64)
+    generator(context, question=question, press=press, max_new_tokens=96, cache=cache)
+    ids = generator.preprocess(context, questions=[question], answer_prefix="", max_context_length=8192)
+    sink = prefill(model, ids["context_ids"][:, :1])
+    held = sum(
+        bool((cached.keys[0, head] - first.keys[0, head, 0]).abs().amax(-1).lt(1e-4).any())
+        for cached, first in zip(cache.layers, sink.layers, strict=True)
+        for head in range(cached.keys.shape[1])
+    )
+    assert cache.get_seq_length() == 64
+    assert held > 45, f"the sink is held in {held} of 90 slots"
+
+
+@pytest.mark.parametrize(
+    ("task", "extra"),
+    [
+        ("locomo", ["--conversations", "conv-26", "--placement", "evidence", "--data", "LOCOMO"]),
+        ("reuse", ["--episodes", "1"]),
+        ("multiquery", ["--episodes", "1", "--lengths", "1024"]),
+    ],
+)
+def test_kvpress_presses_stream_on_every_streamed_task(task, extra, tmp_path):
+    """KNorm, ExpectedAttention, AdaKV(SnapKV) and PyramidKV, each served by its own hook on the shared history,
+    answer two questions of each streamed task."""
+    from evaluation.cli import main
+
+    extra = [str(SHARED_DATA / "locomo" / "locomo10.json") if arg == "LOCOMO" else arg for arg in extra]
+    presses = ["knorm", "expected_attention", "adakv(snapkv)", "pyramidkv"]
+    output = tmp_path / task
+    argv = [task, "--presses", *presses, "--budgets", "256", "--max-turns", "2", "--output", str(output), *extra]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * len(presses)
+    assert {row["path"] for row in rows} == {"shared"}
+    # the keys each layer and head may attend to, on average: PyramidKV's per-layer budgets round to within one
+    assert all(abs(row["kept_tokens"] - min(256, row["history_tokens"])) <= 1 for row in rows)
+    assert any(row["history_tokens"] > 256 for row in rows), "the presses evicted"

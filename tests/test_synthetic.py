@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli import main
-from evaluation.locomo.data import Question
-from evaluation.locomo.runner import asked_after_session
+from evaluation.streaming.episodes import Question
+from evaluation.streaming.placements import asked_after_session
 from evaluation.synthetic.multiquery import multiquery_episodes
 from evaluation.synthetic.reuse import reuse_episodes
 from evaluation.synthetic.task import MULTIQUERY, REUSE, sentence_answer, string_match

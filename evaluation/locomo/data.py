@@ -7,56 +7,15 @@ import hashlib
 import os
 import re
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 from evaluation.errors import EvaluationError
 from evaluation.json_data import load_json_rows
 from evaluation.models import cache_root
+from evaluation.streaming.episodes import Conversation, Question, Session, Turn
 
 LOCOMO_URL = "https://raw.githubusercontent.com/snap-research/locomo/main/data/locomo10.json"
 LOCOMO_SHA256 = "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff4"
-
-
-@dataclass(frozen=True)
-class Turn:
-    speaker: str
-    dia_id: str
-    text: str
-    caption: str | None
-
-
-@dataclass(frozen=True)
-class Session:
-    number: int
-    date: str
-    turns: list[Turn]
-
-
-@dataclass(frozen=True)
-class Question:
-    index: int  # position in the conversation's qa list
-    question: str
-    answer: str | int | None
-    evidence: list[str]
-    category: int  # LoCoMo's 1-5; 0 for a synthetic question
-    adversarial_answer: str | None
-    kind: str = ""  # a synthetic question's condition (evaluation.synthetic)
-
-    @property
-    def evidence_sessions(self) -> set[int]:
-        """Sessions holding the evidence turns ("D3:12" is in session 3; the file's own variants "D:11:26" and
-        "D9:1 D4:4" are read too)."""
-        return {int(match) for item in self.evidence for match in re.findall(r"D:?(\d+):", item)}
-
-
-@dataclass(frozen=True)
-class Conversation:
-    sample_id: str
-    speaker_a: str
-    speaker_b: str
-    sessions: list[Session]
-    questions: list[Question]
 
 
 def resolve_path(path: str | None) -> Path:

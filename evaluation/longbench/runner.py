@@ -1,10 +1,11 @@
 """The LongBench grid: every example x press x budget, one JSON line per finished cell, resumable.
 
-Two paths compute a cell. The shared path (default) prefills each example once with the full cache, derives
-every press's cache at every budget from that one prefill (``History``) and decodes them in one batch; a
-press whose score reads more than the prefill's statistics takes the per-cell path instead. The per-cell
-path (``--path per-cell``, the reference) runs KVPress's prefill under the press once per cell, with eager
-attention where the press needs its weights. Each row records the path that produced it.
+Two paths compute a cell. The shared path (default) prefills each example once with the full cache, builds
+every press's cache at every budget from that one prefill by running the press's own hook on the stored inputs
+(``evaluation.engine``) and decodes them in one batch; a press that runs forward passes of its own
+(``press_needs``) takes the per-cell path instead. The per-cell path (``--path per-cell``, the reference) runs
+KVPress's prefill under the press once per cell, with eager attention where the press needs its weights. Each
+row records the path that produced it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.backends import LOCAL, Backend, Unit, run_units
+from evaluation.benchmark import Benchmark
 from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
+from evaluation.engine.history import History
 from evaluation.errors import EvaluationError
 from evaluation.generation import decode_batch, eos_ids, generate
-from evaluation.history import History
 from evaluation.longbench.data import (
     CONFIG_FILES,
     Example,
@@ -33,9 +35,10 @@ from evaluation.longbench.data import (
 from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
 from evaluation.metrics.longbench import sample_score
 from evaluation.models import ModelSettings, context_length
-from evaluation.press_specs import FULL_CACHE, check_presses, make_press, needs_eager
+from evaluation.press_needs import SHARED, describe, needs
+from evaluation.press_specs import FULL_CACHE, check_presses, make_press
 from evaluation.run_record import RunRecord, fingerprint
-from evaluation.scorecard import Benchmark, scores_frame, summarize, write_scorecard
+from evaluation.scorecard import scores_frame, summarize, write_scorecard
 from evaluation.store import ResultStore
 
 CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
@@ -154,7 +157,7 @@ def run_cell(
     """The per-cell reference path: KVPress's prefill under the press (eager where it needs the weights), then
     greedy decoding."""
     press = make_press(press_name, ratio_for(budget, prompt.context_ids.shape[1]))
-    implementation = "eager" if needs_eager(press) else config.model.attn_implementation
+    implementation = "eager" if press is not None and needs(press).eager else config.model.attn_implementation
     model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
     try:
@@ -174,8 +177,8 @@ def run_shared(
     prompt: Prompt,
     cells: list[tuple[str, Budget | None]],
 ) -> list[dict]:
-    """The shared path for one example's cells: one full-cache prefill, each press's cache derived from it,
-    one batched decode of them all. Every cell's press must be one ``History.supports``."""
+    """The shared path for one example's cells: one full-cache prefill, each press's cache built from it by the
+    press's own hook, one batched decode of them all. Every cell's press must be on the shared path."""
     model.set_attn_implementation(config.model.attn_implementation)
     length = prompt.context_ids.shape[1]
     presses = [make_press(name, ratio_for(budget, length)) for name, budget in cells]
@@ -184,7 +187,7 @@ def run_shared(
     rows, derived = [], []
     for (press_name, budget), press in zip(cells, presses, strict=True):
         try:
-            derived.append((press_name, budget, history.compress(press)[0]))
+            derived.append((press_name, budget, history.compress(press)))
         except CELL_FAILURES as error:
             rows.append(failed_row(example, press_name, budget, "shared", error))
     generated = decode_batch(
@@ -204,7 +207,7 @@ def run_shared(
             press_name,
             budget,
             tokens,
-            cache.get_seq_length(),
+            cache.kept_tokens,
             "shared",
             tokenizer,
             config.model.attn_implementation,
@@ -214,7 +217,8 @@ def run_shared(
 
 
 def shares_prefill(press_name: str) -> bool:
-    return History.supports(make_press(press_name, 0.5))
+    press = make_press(press_name, 0.5)
+    return press is None or needs(press).path == SHARED
 
 
 def run_example(
@@ -286,9 +290,11 @@ def run(config: LongBenchConfig, backend: Backend = LOCAL) -> Path:
     settings["data_fingerprint"] = fingerprint(*files)
     engine = config.path == "shared"
     settings["paths"] = {
-        p: "shared" if engine and shares_prefill(p) else "per-cell" for p in config.presses if p != FULL_CACHE
+        p: describe(make_press(p, 0.5)) if engine and shares_prefill(p) else "its own prefill (per-cell path)"
+        for p in config.presses
+        if p != FULL_CACHE
     }
-    record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record())
+    record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record(), protocol=PROTOCOL)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [Unit(f"{e.task}/{e.id}", e, frozenset(cell_key((e, *cell)) for cell in press_budgets)) for e in examples]
     work = partial(run_example, config=config, task_configs=task_configs, cells=press_budgets)
@@ -306,6 +312,7 @@ def conditions(row: dict) -> list[str]:
 
 BENCHMARK = Benchmark("LongBench", conditions, lambda row: (row["task"], row["id"]), 100, 2)
 REFERENCE = "h2o"
+PROTOCOL = "longbench"
 
 
 def with_average(summary: pd.DataFrame) -> pd.DataFrame:

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import re
 import string
-
-from nltk.stem import PorterStemmer
+from functools import cache
 
 from evaluation.metrics.f1 import token_f1
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 PAPER_ORDER = (4, 1, 2, 3, 5)
 ABSTENTIONS = ("no information available", "not mentioned")
-_STEMMER = PorterStemmer()
+
+
+@cache
+def _stemmer():
+    from nltk.stem import PorterStemmer  # NLTK loads slowly: only when something is scored
+
+    return PorterStemmer()
 
 
 def normalize_answer(text: str) -> str:
@@ -27,7 +32,7 @@ def normalize_answer(text: str) -> str:
 
 
 def stemmed_f1(prediction: str, gold: str) -> float:
-    stem = _STEMMER.stem
+    stem = _stemmer().stem
     return token_f1(
         [stem(w) for w in normalize_answer(prediction).split()], [stem(w) for w in normalize_answer(gold).split()]
     )

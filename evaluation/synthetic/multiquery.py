@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from itertools import pairwise
 
-from evaluation.locomo.data import Conversation, Question, Session, Turn
+from evaluation.streaming.episodes import Conversation, Question, Session, Turn
 from evaluation.synthetic.words import ADJECTIVES, ANIMALS, CITIES, COLORS, LETTERS, NOUNS, VERBS
 
 CHARS_PER_TOKEN = 4.4  # SmolLM2's tokenizer on these documents

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from evaluation.locomo.data import Conversation, Question, Session, Turn
+from evaluation.streaming.episodes import Conversation, Question, Session, Turn
 from evaluation.synthetic.words import CHAT, NAMES, THINGS
 
 SPEAKERS = ("Sam", "Alex")

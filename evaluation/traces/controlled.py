@@ -3,18 +3,16 @@
 N items arrive one per step; U of them, chosen at random, are useful. A useful item is used once at a delay
 d <= H after it arrives (its signal) and again at a far test time T; useless items are never used; at
 arrival the two look the same. Every step also spreads one unit of background attention evenly over the
-cached items (what accumulated attention accumulates besides uses). After the last item, H more steps pass
-(H items that are never used arrive), so every signal has happened; test recall is the share of useful items
-held, outside the provisional buffer, at T.
+items that have arrived (what accumulated attention accumulates besides uses). After the last item, H more
+steps pass (H items that are never used arrive), so every signal has happened; test recall is the share of
+useful items held, outside the provisional buffer, at T.
 
 Policies, each with K committed slots: recency (the K newest), a predictor that labels each item at arrival
-and is right with probability p, Belady (evicts the item whose next use is farthest), and two presses run one
-arrival at a time on the stream's attention rows (``StreamedPress``, as the eviction lab runs them):
-``smoother`` is ``RMMPress(lag=H)`` with K + H slots (its H newest are the provisional buffer), ``h2o`` is
-H2O's score (attention summed since arrival over the rows counted) as ``RMMPress(lag=None,
-correctness="uniform")`` computes it, which keeps exactly what ``ObservedAttentionPress`` keeps (tested), with
-K slots. Theory: the smoother and Belady reach min(1, K / U); online filters hold about K / N of the useful
-items.
+and is right with probability p, Belady (evicts the item whose next use is farthest), and two presses replayed
+on the stream's attention as on a recorded trace (``evaluation.traces.policies``, as the eviction lab runs
+them): ``h2o`` is KVPress's ``ObservedAttentionPress`` with K slots, ``smoother`` is ``RMMPress(lag=H,
+correctness="uniform")`` with K + H slots, its H newest the provisional buffer. Theory: the smoother and
+Belady reach min(1, K / U); online filters hold about K / N of the useful items.
 """
 
 from __future__ import annotations
@@ -25,10 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from kvpress import ObservedAttentionPress
 from matplotlib.figure import Figure
 
-from evaluation.traces.streamed import StreamedPress
-from presses import RMMPress
+from evaluation.traces.policies import LayerTrace, PressPolicy, StreamedPolicy
+from evaluation.traces.replay import replay
 
 POLICIES = ("recency", "h2o", "predictor", "smoother", "belady")
 PRESSES = ("h2o", "smoother")
@@ -85,27 +84,24 @@ def victim(
 
 
 def press_recalls(policy: str, setting: Setting, seeds: int) -> np.ndarray:
-    """Test recall of a press-run policy on the streams of seeds 0..seeds-1, run side by side."""
-    lag = setting.lag if policy == "smoother" else None
-    budget = setting.capacity + (setting.lag if policy == "smoother" else 0)
+    """Test recall of a press-run policy on the streams of seeds 0..seeds-1, replayed side by side."""
+    steps = setting.items + setting.lag
     streams = [stream(setting, np.random.default_rng(seed)) for seed in range(seeds)]
     useful = torch.tensor(np.stack([u for u, _ in streams]))
     signal = torch.tensor(np.stack([np.append(s, [NEVER] * setting.lag) for _, s in streams]))
-
-    def rows(step: int, held: torch.Tensor) -> torch.Tensor:
-        """The step's attention over the held items that have arrived: its uses plus one unit spread evenly."""
-        arrived = held <= step
-        return ((signal.gather(1, held) == step).double() + 1 / arrived.sum(1, keepdim=True)) * arrived
-
-    first = torch.arange(budget).expand(seeds, -1)
-    prefix = torch.stack([rows(step, first) for step in range(budget)], dim=1)
-    press = RMMPress(lag=lag, correctness="uniform")
-    streamed = StreamedPress(press, budget, prefix)
-    for step in range(budget, setting.items + setting.lag):
-        candidates = torch.cat([streamed.held, torch.full((seeds, 1), step)], dim=1)
-        streamed.step(step, rows(step, candidates))
-    committed = streamed.held[streamed.held < setting.items].view(seeds, -1)
-    return (useful.gather(1, committed).sum(1) / setting.useful).numpy()
+    arrived = torch.arange(steps)[None, :] <= torch.arange(steps)[:, None]  # [step, item]
+    uses = (signal[:, None, :] == torch.arange(steps)[None, :, None]).float()
+    rows = (uses + 1 / arrived.sum(1, keepdim=True)) * arrived  # (seeds, step, item): uses plus background
+    trace = LayerTrace(rows, torch.ones(steps))
+    smoother = policy == "smoother"
+    budget = setting.capacity + (setting.lag if smoother else 0)
+    if budget >= steps:  # the memory holds the whole stream
+        return np.ones(seeds)
+    press = StreamedPolicy("smoother", setting.lag, teacher_forced=False) if smoother else None
+    held = replay(trace, press or PressPolicy("h2o", ObservedAttentionPress()), budget).held
+    if smoother:
+        held = held & (torch.arange(steps) < setting.items)  # the committed part: older than the buffer
+    return ((held[:, : setting.items] & useful).sum(1) / setting.useful).numpy()
 
 
 def recall(policy: str, setting: Setting, seeds: int = 20) -> float:

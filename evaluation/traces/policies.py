@@ -2,12 +2,14 @@
 
 At step t a policy evicts one of the held positions 0..t of each group. Every policy but Belady is a press:
 
-- stateless presses score positions from the trace's rows through their own ``score``, on a stand-in layer
-  whose only attribute is the head count: TOVA the newest row (on a head-averaged trace, one group per
-  layer, that is TOVA's rule; on a ``--per-kv-group`` trace, its per-KV-group form), ``h2o``
-  (``ObservedAttentionPress``, the same press the protocols call ``h2o``) the running column sums, SnapKV its
-  window's rows, StreamingLLM nothing. ``h2o-recentW`` is H2O's score with the W newest positions protected,
-  the recent window of the original H2O paper, under its own name;
+- stateless presses score positions 0..t through their own ``score``, on a stand-in layer whose only attribute
+  is the head count, handed the trace as eager attention weights of a prefill of those positions: the rows
+  0..t, or, for a press that reads only their column sums (``press_needs``: ``ObservedAttentionPress``, the
+  press the protocols call ``h2o``), those sums as the engine hands them, a one-row stand-in. So TOVA reads the
+  newest row (on a head-averaged trace, one group per layer, that is TOVA's rule; on a ``--per-kv-group``
+  trace, its per-KV-group form), SnapKV its window's rows, StreamingLLM nothing. ``h2o-recentW`` is H2O's
+  score with the W newest positions protected, the recent window of the original H2O paper, under its own
+  name;
 - RMM, whose smoother carries state from step to step, is driven one arrival at a time as ``DecodingPress``
   drives it (``StreamedPress``): the lag sweep measures the very press users run.
 
@@ -23,7 +25,7 @@ import torch
 from kvpress import ObservedAttentionPress, ScorerPress, SnapKVPress, StreamingLLMPress
 
 from evaluation.budgets import Budget
-from evaluation.press_specs import reads
+from evaluation.press_needs import needs
 from evaluation.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.traces.streamed import StreamedPress
 from presses import RMMPress, TOVAPress
@@ -75,13 +77,10 @@ class Policy:
         raise NotImplementedError
 
 
-ROWS = {"newest_row": "newest", "column_sums": "cumulative", "window": "window", "nothing": "none"}
-
-
 @dataclass
 class PressPolicy(Policy):
-    """A stateless KVPress scorer on trace rows, handed the rows its score reads (``press_specs.reads``);
-    ``recent`` newest positions are never evicted (0: none)."""
+    """A stateless KVPress scorer on trace rows as the eager weights of a prefill of positions 0..t (or their
+    column sums, for a press that reads only those); ``recent`` newest positions are never evicted (0: none)."""
 
     name: str
     press: ScorerPress
@@ -95,15 +94,10 @@ class PressPolicy(Policy):
         n, groups = t + 1, trace.groups
         layer = SimpleNamespace(config=SimpleNamespace(num_attention_heads=groups))
         keys = torch.zeros(1, groups, n, 1)
-        rows = ROWS[reads(self.press)]
-        if rows == "newest":
-            attentions = trace.rows[None, :, t : t + 1, :n]
-        elif rows == "cumulative":
+        if needs(self.press).stand_in:
             attentions = trace.cumulative[None, :, t : t + 1, :n]
-        elif rows == "window":
-            attentions = trace.rows[None, :, n - self.press.window_size : n, :n]
         else:
-            attentions = None
+            attentions = trace.rows[None, :, :n, :n]
         self.press.compression_ratio = Budget("tokens", self.budget).compression_ratio(n)
         scores = self.press.score(layer, torch.zeros(1, n, 1), keys, keys, attentions, {})[0]
         if self.recent:

@@ -17,12 +17,12 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.errors import EvaluationError
-from evaluation.history import forward_capturing_layer_inputs
 from evaluation.locomo.data import load_conversations
 from evaluation.locomo.render import render_conversation
 from evaluation.longbench.data import load_task
 from evaluation.models import cache_root
 from presses.attention import attention_rows, group_mean
+from presses.prefix import forward_capturing
 from presses.teacher_forcing import teacher_forced_correctness
 
 SOURCES = ("multi_news", "locomo")
@@ -45,7 +45,7 @@ def record(model: PreTrainedModel, token_ids: list[int], name: str, per_kv_group
     """One full-cache prefill of ``token_ids``; every layer's attention rows and every row's correctness."""
     ids = torch.tensor([token_ids], device=model.device)
     cache = DynamicCache()
-    hidden, captured = forward_capturing_layer_inputs(model, ids, cache, 0)
+    hidden, captured = forward_capturing(model, ids, cache, 0)
     correct = teacher_forced_correctness(model.get_output_embeddings(), hidden, ids)[0].cpu()
     layers = []
     for index, layer in enumerate(model.model.layers):

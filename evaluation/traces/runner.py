@@ -18,11 +18,12 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.backends import LOCAL, Backend, Unit, interactive, run_units
+from evaluation.benchmark import Benchmark
 from evaluation.budgets import Budget
 from evaluation.errors import EvaluationError
 from evaluation.models import ModelSettings
 from evaluation.run_record import RunRecord, fingerprint
-from evaluation.scorecard import Benchmark, scores_frame, summarize, write_scorecard
+from evaluation.scorecard import scores_frame, summarize, write_scorecard
 from evaluation.store import ResultStore
 from evaluation.traces import H2O_WINDOW, controlled
 from evaluation.traces.policies import (
@@ -159,7 +160,7 @@ def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
     settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
     settings["data_root"] = str(config.data_root)
     settings["data_fingerprint"] = fingerprint(*sorted({source_file(spec, config.data_root) for spec in config.texts}))
-    record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record())
+    record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record(), protocol=PROTOCOL)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [Unit(spec, spec, unit_keys(config, spec)) for spec in config.texts]
     outcome = run_units(
@@ -184,6 +185,7 @@ def conditions(row: dict) -> list[str]:
 
 BENCHMARK = Benchmark("Traces", conditions, lambda row: (row["trace"],), 1, 3, METRICS)
 REFERENCE = "h2o"
+PROTOCOL = "traces"
 
 
 def write_traces_scorecard(output: Path, rows: list[dict], budgets: list[int], h2o_window: int) -> None:

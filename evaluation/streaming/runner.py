@@ -1,18 +1,14 @@
-"""The streaming protocol (LoCoMo's, and the synthetic families' of ``evaluation.synthetic``): before every
-question, re-compress the whole growing history to each budget with each press's own score, answer from the
-compressed copy, then append the turn to the history. A ``StreamTask`` says what a dataset contributes: its
-conversations, their text, the questions' prompts and gold answers, the scoring rule and the conditions.
+"""The streaming protocol's run loop: before every question, re-compress the whole growing history to each budget
+with each press's own code, answer from the compressed copy, then append the turn to the history.
 
-Two placements of the questions. ``file`` (the paper's): the conversation first, as much of it as fits the
-model's context (the oldest sessions dropped), then every question in file order. ``evidence``: the sessions
-stream in one by one and each question is asked right after the session holding its last evidence, so a
-model whose context holds only a few sessions still sees the evidence; when the next session would overflow
-the context, the history restarts from its newest sessions (half the context), re-prefilled."""
+A press the history serves (``evaluation.press_needs``: its hook reads what the history stores) gets its cache
+from the history; any other press (one that runs forward passes of its own) re-prefills the whole history under
+itself before each question. Every row records its ``path``, and run.json how each press was served.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -22,92 +18,31 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.backends import LOCAL, Backend, Unit, interactive, run_units
 from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
+from evaluation.engine.history import History
 from evaluation.errors import EvaluationError
-from evaluation.generation import decode_batch, eos_ids
-from evaluation.history import History
-from evaluation.locomo.data import Conversation, Question, Session, load_conversations, resolve_path
-from evaluation.locomo.render import (
-    Framing,
-    Message,
-    choice_options,
-    gold_answer,
-    header,
-    question_prompt,
-    render_session,
-    resolve_choice,
-)
-from evaluation.metrics.locomo import CATEGORIES, PAPER_ORDER, score
+from evaluation.generation import decode_batch, eos_ids, generate
 from evaluation.models import ModelSettings, context_length, resolve_model_path
+from evaluation.press_needs import describe, needs
 from evaluation.press_specs import check_presses, make_press
-from evaluation.run_record import RunRecord, fingerprint
-from evaluation.scorecard import Benchmark, scores_frame, summarize, write_scorecard
+from evaluation.run_record import RunRecord
+from evaluation.scorecard import scores_frame, summarize, write_scorecard
 from evaluation.store import ResultStore
-
-TEACHER_FORCED_KINDS = {"answers": frozenset({"answer"}), "all": frozenset({"conversation", "question", "answer"})}
-RESULTS_DEFINING = (
-    "task",
-    "episodes",
-    "model",
-    "dtype",
-    "attn_implementation",
-    "placement",
-    "history",
-    "rmm_weights",
-    "max_turns",  # the questions asked set the room left for them, so the history limit
-    "max_history_tokens",
-    "max_new_tokens",
-    "device",
-    "data_fingerprint",
+from evaluation.streaming.config import PLACEMENTS, RESULTS_DEFINING, TEACHER_FORCED_KINDS, StreamConfig
+from evaluation.streaming.episodes import Conversation, Question
+from evaluation.streaming.framing import Framing, Message
+from evaluation.streaming.placements import (
+    StreamItem,
+    asked_after_session,
+    asked_questions,
+    evidence_inside,
+    file_sessions,
+    newest_items,
+    select_conversations,
+    turn_room,
 )
-PLACEMENTS = ("file", "evidence")
+from evaluation.streaming.task import StreamTask, stream_task
 
-
-@dataclass
-class LoCoMoConfig:
-    model: ModelSettings
-    presses: list[str]
-    budgets: list[Budget]
-    conversations: list[str] | None
-    max_turns: int | None
-    max_history_tokens: int | None
-    history: str
-    rmm_weights: str
-    data: str | None
-    output: Path
-    max_new_tokens: int = 32
-    placement: str = "file"
-    task: str = "locomo"  # a StreamTask's name (stream_task)
-    episodes: dict = field(default_factory=dict)  # a synthetic family's generator settings
-
-
-@dataclass(frozen=True)
-class StreamTask:
-    """What a dataset contributes to the streaming protocol."""
-
-    name: str
-    load: Callable[[LoCoMoConfig], tuple[dict[str, str], list[Conversation]]]  # (data fingerprint, conversations)
-    header: Callable[[Conversation], str]
-    render_session: Callable[[Session], str]
-    question_prompt: Callable[[Conversation, Question], str]
-    gold_answer: Callable[[Question], str]
-    scored: Callable[[Conversation, Question, str], tuple[str, float]]  # (the prediction as scored, its score)
-    benchmark: Benchmark
-    metric: str  # the scorecard note's opening words
-    caveat: str = ""  # how the scorecard's note ends
-    row_fields: Callable[[Conversation, Question], dict] = lambda conversation, question: {}  # its own row fields
-
-    def text(self, conversation: Conversation, sessions: list[Session]) -> str:
-        return self.header(conversation) + "".join(self.render_session(session) for session in sessions)
-
-
-def stream_task(name: str) -> StreamTask:
-    if name == LOCOMO.name:
-        return LOCOMO
-    from evaluation.synthetic.task import SYNTHETIC_TASKS
-
-    if name not in SYNTHETIC_TASKS:
-        raise EvaluationError(f"unknown streamed dataset {name!r}; known: locomo, {', '.join(SYNTHETIC_TASKS)}")
-    return SYNTHETIC_TASKS[name]
+REFERENCE = "h2o"
 
 
 def row_key(row: dict) -> tuple[str, int, str, str]:
@@ -119,88 +54,11 @@ def cell_key(conversation: Conversation, question: Question, cell: Cell) -> tupl
     return conversation.sample_id, question.index, press, budget_key(budget)
 
 
-def select_conversations(conversations: list[Conversation], wanted: list[str] | None) -> list[Conversation]:
-    if wanted is None:
-        return conversations
-    known = {c.sample_id: c for c in conversations}
-    unknown = [name for name in wanted if name not in known]
-    if unknown:
-        raise EvaluationError(f"unknown conversation(s) {unknown}; the data holds {', '.join(known)}")
-    return [known[name] for name in wanted]
-
-
-def asked_after_session(conversation: Conversation, question: Question) -> int:
-    """The session the evidence placement asks ``question`` after: its last evidence session, else the last one."""
-    return max(question.evidence_sessions, default=conversation.sessions[-1].number)
-
-
-def asked_questions(conversation: Conversation, config: LoCoMoConfig) -> list[Question]:
-    """The first ``max_turns`` questions in the order the placement asks them: file order, or for the evidence
-    placement stream order (by the session they are asked after, then file order)."""
-    questions = conversation.questions
-    if config.placement == "evidence":
-        questions = sorted(questions, key=lambda q: (asked_after_session(conversation, q), q.index))
-    return questions[: config.max_turns]
-
-
-def fit_sessions(
-    framing_for: Callable[[list[Session]], Framing], conversation: Conversation, limit: int
-) -> list[Session]:
-    """The newest sessions whose rendered conversation fits in ``limit`` tokens (the oldest are dropped)."""
-    for first in range(len(conversation.sessions)):
-        sessions = conversation.sessions[first:]
-        if len(framing_for(sessions).start_ids()) <= limit:
-            return sessions
-    raise EvaluationError(f"{conversation.sample_id}: not even its last session fits in {limit} history tokens")
-
-
-def evidence_inside(question: Question, window: set[int]) -> bool:
-    """Whether every evidence session of ``question`` is among the sessions ``window`` (none: not visible)."""
-    return bool(question.evidence_sessions) and question.evidence_sessions <= window
-
-
-def turn_room(
-    task: StreamTask, conversation: Conversation, framing: Framing, questions: list[Question], max_new_tokens: int
-) -> int:
-    """Tokens that the questions and gold answers of ``questions`` add, plus room for one generated answer."""
-    room = max_new_tokens
-    for question in questions:
-        prompt, gold = task.question_prompt(conversation, question), task.gold_answer(question)
-        room += len(framing.question_ids([], prompt)) + len(framing.answer_ids([], prompt, gold))
-    return room + max_new_tokens * len(questions)
-
-
-def file_sessions(
-    conversation: Conversation,
-    questions: list[Question],
-    tokenizer: PreTrainedTokenizerBase,
-    context: int,
-    config: LoCoMoConfig,
-) -> list[Session]:
-    """The sessions the file placement keeps: the newest that fit the history limit (by default the context
-    less the room the questions and answers take)."""
-    task = stream_task(config.task)
-
-    def framing_for(sessions: list[Session]) -> Framing:
-        return Framing(tokenizer, task.text(conversation, sessions))
-
-    limit = config.max_history_tokens
-    if limit is None:
-        room = turn_room(task, conversation, framing_for(conversation.sessions), questions, config.max_new_tokens)
-        if room >= context:
-            raise EvaluationError(
-                f"{conversation.sample_id}: its {len(questions)} questions and answers take {room} tokens, more than "
-                f"the model's context of {context}: ask fewer (--max-turns) or use --placement evidence"
-            )
-        limit = context - room
-    return fit_sessions(framing_for, conversation, limit)
-
-
 class ConversationRun:
     """One conversation streamed through every cell; one shared history unless answers are the model's own."""
 
     def __init__(
-        self, config: LoCoMoConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cells: list[Cell]
+        self, config: StreamConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cells: list[Cell]
     ) -> None:
         self.config, self.model, self.tokenizer, self.cells = config, model, tokenizer, cells
         self.task = stream_task(config.task)
@@ -221,7 +79,7 @@ class ConversationRun:
 
     def stream_file_order(self, questions: list[Question]) -> None:
         conversation = self.conversation
-        sessions = file_sessions(conversation, questions, self.tokenizer, self.context, self.config)
+        sessions = file_sessions(self.task, conversation, questions, self.tokenizer, self.context, self.config)
         framing = Framing(self.tokenizer, self.task.text(conversation, sessions))
         window = {session.number for session in sessions}
         start_ids = framing.start_ids()
@@ -263,7 +121,7 @@ class ConversationRun:
                 for group in after.values()
             )
             limit = self.context - max(rooms, default=0)
-        items: list[tuple[str, object, int]] = []  # the stream so far: ("session", text, n) or ("turn", (q, a), n)
+        items: list[StreamItem] = []  # the stream so far
         history, messages = self.rebuild(framing, items)
         turn = 0
         needed = max(asked_after.values(), default=0)  # the sessions after the last asked question change nothing
@@ -292,7 +150,7 @@ class ConversationRun:
                 items.append(("turn", (prompt, gold), session.number))
                 turn += 1
 
-    def rebuild(self, framing: Framing, items: list[tuple[str, object, int]]) -> tuple[History, list[Message]]:
+    def rebuild(self, framing: Framing, items: list[StreamItem]) -> tuple[History, list[Message]]:
         """A fresh history of the stream's ``items`` (one prefill per item, the teacher-forced kinds as usual)."""
         history, messages = self.history(self.cells), []
         history.extend(framing.start_ids(), "conversation")
@@ -338,16 +196,37 @@ class ConversationRun:
         turn: int,
         visible: bool,
     ) -> list[dict]:
-        """The rows of ``cells`` for one question: each cell's cache compressed from the history, all decoded in
-        one batch."""
+        """The rows of ``cells`` for one question. A press the history serves gets its cache from the history (its
+        own hook on the stored inputs), all of them decoded in one batch; any other press re-prefills the history
+        under itself (``generate``)."""
         ratios = [ratio_for(budget, history.length) for _, budget in cells]
-        caches = [history.compress(make_press(name, ratio))[0] for (name, _), ratio in zip(cells, ratios, strict=True)]
-        generated = decode_batch(
-            self.model, caches, torch.tensor([question_ids]), history.length, self.config.max_new_tokens, self.stop
+        presses = [make_press(name, ratio) for (name, _), ratio in zip(cells, ratios, strict=True)]
+        shared = [i for i, press in enumerate(presses) if history.can_serve(press)]
+        caches = {i: history.compress(presses[i]) for i in shared}
+        asked = torch.tensor([question_ids])
+        tokens = dict(
+            zip(
+                shared,
+                decode_batch(
+                    self.model, list(caches.values()), asked, history.length, self.config.max_new_tokens, self.stop
+                ),
+                strict=True,
+            )
         )
+        kept = {i: cache.kept_tokens for i, cache in caches.items()}
+        context = torch.tensor([history.token_ids], device=self.model.device)
+        for i in (i for i in range(len(cells)) if i not in caches):
+            implementation = self.model.config._attn_implementation
+            if needs(presses[i]).eager:
+                self.model.set_attn_implementation("eager")
+            try:
+                generation = generate(self.model, context, asked, presses[i], self.config.max_new_tokens, self.stop)
+            finally:
+                self.model.set_attn_implementation(implementation)
+            tokens[i], kept[i] = generation.token_ids, generation.kept_tokens
         return [
-            self.row(question, cell, ratio, history.length, cache.get_seq_length(), tokens, turn, visible)
-            for cell, ratio, cache, tokens in zip(cells, ratios, caches, generated, strict=True)
+            self.row(question, cell, ratios[i], history.length, kept[i], tokens[i], turn, visible, i in caches)
+            for i, cell in enumerate(cells)
         ]
 
     def row(
@@ -360,6 +239,7 @@ class ConversationRun:
         generated: list[int],
         turn: int,
         visible: bool,
+        shared: bool,
     ) -> dict:
         press_name, budget = cell
         prediction = self.tokenizer.decode(generated, skip_special_tokens=True).strip()
@@ -381,6 +261,7 @@ class ConversationRun:
             "placement": self.config.placement,
             "history_mode": self.config.history,
             "rmm_weights": self.config.rmm_weights,
+            "path": "shared" if shared else "own-prefill",
             "prediction": prediction,
             "scored_prediction": scored,
             "score": score,
@@ -388,23 +269,11 @@ class ConversationRun:
         }
 
 
-def newest_items(items: list[tuple[str, object, int]], framing: Framing, budget: int) -> list[tuple[str, object, int]]:
-    """The newest whole sessions of the stream (each with the turns asked after it) that fit in ``budget`` tokens."""
-    sizes = []
-    for kind, content, _ in items:
-        sizes.append(len(framing.encode(content if kind == "session" else " ".join(content))))
-    starts = [i for i, (kind, _, _) in enumerate(items) if kind == "session"]
-    for start in starts:
-        if sum(sizes[start:]) <= budget:
-            return items[start:]
-    return []
-
-
 def run_conversation(
     loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase],
     unit: Unit,
     store: ResultStore,
-    config: LoCoMoConfig,
+    config: StreamConfig,
     cells: list[Cell],
 ) -> None:
     """One unit: one conversation streamed through every cell, its finished answers read back from ``store``."""
@@ -415,7 +284,7 @@ def run_conversation(
         ConversationRun(config, model, tokenizer, cells).run(conversation, store, bar)
 
 
-def prepare(config: LoCoMoConfig) -> tuple[dict[str, str], list[Conversation], list[Cell]]:
+def prepare(config: StreamConfig) -> tuple[dict[str, str], list[Conversation], list[Cell]]:
     """Everything a run reads before the model: checked settings, the data's fingerprint, the conversations
     and the cells."""
     check_presses(config.presses)
@@ -428,12 +297,7 @@ def prepare(config: LoCoMoConfig) -> tuple[dict[str, str], list[Conversation], l
     return data_fingerprint, select_conversations(conversations, config.conversations), cells
 
 
-def load_locomo(config: LoCoMoConfig) -> tuple[dict[str, str], list[Conversation]]:
-    path = resolve_path(config.data)
-    return fingerprint(path), load_conversations(path)
-
-
-def dry_run(config: LoCoMoConfig) -> str:
+def dry_run(config: StreamConfig) -> str:
     """The stream and the work it takes, without a model."""
     _, conversations, cells = prepare(config)
     questions = sum(len(asked_questions(c, config)) for c in conversations)
@@ -443,9 +307,10 @@ def dry_run(config: LoCoMoConfig) -> str:
         f"{name} ({config.placement} placement, {config.history} history): {len(conversations)} conversations, "
         f"{questions} questions x {len(cells)} cells = {questions * len(cells)} answers, model {config.model.name} "
         f"({config.model.dtype}, {config.model.attn_implementation}, {config.model.device})",
-        *(f"  {press} @ {budget_label(budget)}" for press, budget in cells),
-        f"prefills: {histories} growing histories, extended by every session and turn (never re-prefilled, but for "
-        "the evidence placement's restarts when the context is full)",
+        *(f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells),
+        f"prefills: {histories} growing histories, extended by every session and turn (re-prefilled only at the "
+        "evidence placement's restarts when the context is full); a press on its own prefill re-prefills the history "
+        "before each of its questions",
         f"decodes: {questions * len(cells)}, in {questions * histories // len(conversations)} batches, at most "
         f"{config.max_new_tokens} tokens each",
     ]
@@ -454,7 +319,7 @@ def dry_run(config: LoCoMoConfig) -> str:
     return "\n".join(lines)
 
 
-def file_visibility(config: LoCoMoConfig, conversations: list[Conversation]) -> str:
+def file_visibility(config: StreamConfig, conversations: list[Conversation]) -> str:
     """For the file placement, how many asked questions have their evidence in the sessions that fit: it needs
     the model's tokenizer and configuration only."""
     from transformers import AutoConfig, AutoTokenizer
@@ -466,22 +331,24 @@ def file_visibility(config: LoCoMoConfig, conversations: list[Conversation]) -> 
     except Exception as error:  # an unreachable hub id or a folder without a tokenizer: the plan stands without it
         return f"evidence visibility: needs the tokenizer of {config.model.name} ({type(error).__name__})"
     visible = total = 0
+    task = stream_task(config.task)
     for conversation in conversations:
         questions = asked_questions(conversation, config)
-        window = {s.number for s in file_sessions(conversation, questions, tokenizer, context, config)}
+        window = {s.number for s in file_sessions(task, conversation, questions, tokenizer, context, config)}
         visible += sum(evidence_inside(question, window) for question in questions)
         total += len(questions)
     return f"evidence inside the history for {visible} of {total} questions ({100 * visible / max(total, 1):.0f}%)"
 
 
-def run(config: LoCoMoConfig, backend: Backend = LOCAL) -> Path:
+def run(config: StreamConfig, backend: Backend = LOCAL) -> Path:
     """Run (or resume) the streaming protocol and write predictions, scorecard and run.json."""
     data_fingerprint, conversations, cells = prepare(config)
     settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
     settings["budgets"] = [b.key for b in config.budgets]
     settings["data_fingerprint"] = data_fingerprint
-    defaults = {**ModelSettings().record(), "task": LOCOMO.name, "episodes": {}}  # what older runs did not record
-    record = RunRecord(config.output, settings, RESULTS_DEFINING, defaults)
+    settings["paths"] = {spec: describe(make_press(spec, 0.5)) for spec in config.presses}
+    defaults = {**ModelSettings().record(), "task": "locomo", "episodes": {}}  # what older runs did not record
+    record = RunRecord(config.output, settings, RESULTS_DEFINING, defaults, protocol=config.task)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [
         Unit(c.sample_id, c, frozenset(cell_key(c, q, cell) for q in asked_questions(c, config) for cell in cells))
@@ -501,29 +368,6 @@ def run(config: LoCoMoConfig, backend: Backend = LOCAL) -> Path:
     return config.output
 
 
-OVERALL = "overall (1-4)"
-VISIBLE = "evidence visible"
-
-
-def conditions(row: dict) -> list[str]:
-    """The scorecard conditions a LoCoMo row counts in: categories 1-4 overall, by turn regime, with the
-    evidence visible, and by category; adversarial questions (5), scored by their own rule, only apart."""
-    category = f"{CATEGORIES[row['category']]} ({row['category']})"
-    if row["category"] == 5:
-        return [category]
-    regime = "first turn" if row["turn"] == 0 else "later turns"
-    return [OVERALL, regime, *([VISIBLE] if row["evidence_visible"] else []), category]
-
-
-CONDITION_ORDER = [
-    OVERALL,
-    "first turn",
-    "later turns",
-    VISIBLE,
-    *(f"{CATEGORIES[c]} ({c})" for c in PAPER_ORDER),
-]
-
-
 def visibility(rows: list[dict]) -> str:
     """How many of the questions had their evidence inside the history the model saw."""
     questions = {(row["conversation"], row["question_index"]): row["evidence_visible"] for row in rows}
@@ -540,34 +384,6 @@ def evictions(rows: list[dict]) -> str:
             over.setdefault(row["budget_label"], {})[key] = row["history_tokens"] > row["kept_tokens"]
     counts = ", ".join(f"{sum(seen.values())} of {len(seen)} at {label}" for label, seen in over.items())
     return f"the history exceeded the budget (the presses evicted) for {counts} questions" if over else ""
-
-
-BENCHMARK = Benchmark(
-    "LoCoMo", conditions, lambda row: (row["conversation"], row["question_index"]), 1, 3, tuple(CONDITION_ORDER)
-)
-REFERENCE = "h2o"
-
-
-def locomo_scored(conversation: Conversation, question: Question, prediction: str) -> tuple[str, float]:
-    """The official rule of the question's category; a category 5 letter answer is scored as its option."""
-    scored = (
-        resolve_choice(prediction, choice_options(conversation, question)) if question.category == 5 else prediction
-    )
-    return scored, score(question.category, scored, gold_answer(question))
-
-
-LOCOMO = StreamTask(
-    name="locomo",
-    load=load_locomo,
-    header=header,
-    render_session=render_session,
-    question_prompt=question_prompt,
-    gold_answer=gold_answer,
-    scored=locomo_scored,
-    benchmark=BENCHMARK,
-    metric="F1",
-    caveat="; adversarial questions (category 5) are scored by their own rule and kept apart",
-)
 
 
 def write_stream_scorecard(

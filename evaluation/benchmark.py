@@ -1,0 +1,16 @@
+"""What a protocol tells its scorecard: the conditions a row counts in, what identifies an example, the scale."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    conditions: Callable[[dict], list[str]]  # the conditions a row counts in
+    example_id: Callable[[dict], tuple]
+    scale: float  # LongBench reports 100 x mean, LoCoMo the mean F1
+    digits: int
+    order: tuple[str, ...] = ()  # the protocol's own order of its conditions, if it has one

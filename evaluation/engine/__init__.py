@@ -1,0 +1,2 @@
+"""The engine every protocol shares: one uncompressed prefill (``history``), every press's own hook run on what
+it stored (``hooks``)."""

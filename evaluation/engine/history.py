@@ -1,0 +1,191 @@
+"""One uncompressed prefill, extended turn by turn, and every press's cache built from it by the press's own hook.
+
+A prefill press prunes each layer's cache only after that layer's attention, so the prefill's hidden states never
+depend on the press: one full-cache prefill can serve every press and budget (LongBench), and one growing cache
+every turn of a conversation (the streaming protocol). The history's cache is extended with new tokens only.
+Alongside it, per layer, it keeps what the served presses' hooks read (``evaluation.press_needs``): the newest
+rows of the layer's input (all of them if any press reads every row), the rotary embeddings, and the column sums
+of attention that H2O and RMM read instead of the (length x length) weights, which new rows only add to (per KV
+head: both presses average them over each KV group's query heads).
+
+``compress`` then runs a press's own forward hook on each layer's stored inputs (``engine.hooks``): the cache a
+prefill of the whole history under that press would leave, decided by the press's code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from kvpress.presses.base_press import BasePress
+from transformers import DynamicCache, PreTrainedModel
+
+from evaluation.engine.hooks import Compressed, cache_of, run_hook
+from evaluation.press_needs import ALL, SHARED, needs
+from presses.attention import attention_rows, group_mean, sliding_window
+from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
+from presses.prefix import forward_capturing
+from presses.teacher_forcing import language_model, top1_predictions
+
+
+def evicts_nothing(press: BasePress) -> bool:
+    """A press set to compression ratio 0 (a press whose ratio is known only after a forward is run)."""
+    try:
+        return press.compression_ratio == 0
+    except (AssertionError, AttributeError, ValueError):
+        return False
+
+
+class History:
+    """One conversation's uncompressed cache and what its served presses read, extended turn by turn.
+
+    Rows of the ``teacher_forced_kinds`` take their teacher-forced correctness as the weight of teacher-forced
+    column sums (RMM's); every other row weighs 1. ``presses``: the presses it will be asked to serve.
+    """
+
+    def __init__(
+        self, model: PreTrainedModel, teacher_forced_kinds: frozenset[str], presses: Iterable[BasePress | None] = ()
+    ) -> None:
+        if not self.serves(model):
+            raise ValueError(
+                f"{type(model).__name__} has sliding-window attention layers, which the shared-prefill engine does not "
+                "model: run such a model on the per-cell path (LongBench --path per-cell)"
+            )
+        served = [needs(press) for press in presses if press is not None]
+        served = [need for need in served if need.path == SHARED]
+        self.rows = ALL if any(need.rows is ALL for need in served) else max((n.rows for n in served), default=0)
+        self.statistics = sorted({s for need in served for s in need.sums}, key=repr)
+        self.model, self.teacher_forced_kinds = model, teacher_forced_kinds
+        self.layers = language_model(model).layers
+        self.cache = DynamicCache()
+        self.token_ids: list[int] = []
+        self.weights: list[float] = []
+        self.inputs: list[torch.Tensor] = []  # per layer (batch, <= rows, hidden): the newest rows' layer input
+        self.rotary: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, every row's (cos, sin)
+        self.sums: dict[ColumnSums, list[torch.Tensor]] = {s: [] for s in self.statistics}  # (batch, heads, length)
+        self.pending: dict[ColumnSums, dict[int, torch.Tensor]] = {}  # per layer, the newest row's share
+        self.newest_logits: torch.Tensor | None = None  # (1, 1, vocab): the prediction after the newest token
+        self._newest_prediction: int | None = None
+        self._pending_is_forced = False  # whether the newest row's weight waits for the next token
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @staticmethod
+    def serves(model: PreTrainedModel) -> bool:
+        """Whether a press's hook on stored inputs sees the model's attention (no sliding-window layer)."""
+        return all(sliding_window(layer.self_attn) is None for layer in language_model(model).layers)
+
+    def can_serve(self, press: BasePress | None) -> bool:
+        """Whether this history keeps what the press's hook reads."""
+        if press is None:
+            return True
+        need = needs(press)
+        rows_kept = need.rows is not ALL and (self.rows is ALL or need.rows <= self.rows)
+        return need.path == SHARED and (self.rows is ALL or rows_kept) and need.sums <= set(self.statistics)
+
+    @torch.no_grad()
+    def extend(self, token_ids: list[int], kind: str) -> None:
+        """Append tokens of one kind (e.g. "context", or "conversation", "question", "answer")."""
+        start, model = self.length, self.model
+        ids = torch.tensor([token_ids], device=model.device)
+        hidden, captured = forward_capturing(model, ids, self.cache, start)
+        teacher_forced = kind in self.teacher_forced_kinds
+        lm_head = model.get_output_embeddings()
+        predicted = top1_predictions(lm_head, hidden)[0].tolist()
+        correct = [float(p == t) for p, t in zip(predicted[:-1], token_ids[1:], strict=True)] + [1.0]
+        new_weights = correct if teacher_forced else [1.0] * len(token_ids)
+        if self._pending_is_forced:  # the previous newest row's next token is known now
+            self.weights[-1] = float(self._newest_prediction == token_ids[0])
+        self.newest_logits = lm_head(hidden[:, -1:])
+        self._newest_prediction, self._pending_is_forced = predicted[-1], teacher_forced
+        self.token_ids += token_ids
+        self.weights += new_weights
+        for index, layer in enumerate(self.layers):
+            layer_input, (cos, sin) = captured[index]
+            first = index == len(self.inputs)
+            if first:
+                self.inputs.append(layer_input[:, :0])
+                self.rotary.append((cos[:, :0], sin[:, :0]))
+            kept = self.inputs[index]
+            rows = layer_input.shape[1] + kept.shape[1] if self.rows is ALL else self.rows
+            self.inputs[index] = torch.cat([kept, layer_input], dim=1)[:, -rows:].clone() if rows else kept
+            if index and captured[index][1] is captured[0][1]:  # one rotary embedding for every layer (Llama, Qwen2)
+                self.rotary[index] = self.rotary[0]
+            else:
+                old_cos, old_sin = self.rotary[index]
+                self.rotary[index] = (torch.cat([old_cos, cos], dim=1), torch.cat([old_sin, sin], dim=1))
+            if self.statistics:
+                self._add_rows(index, layer.self_attn, layer_input, (cos, sin), start, new_weights)
+
+    def _add_rows(self, index, module, layer_input, rotary, start: int, new_weights: list[float]) -> None:
+        """Add the new rows' attention to every statistic's column sums at one layer: teacher-forced weights where
+        the statistic asks for them, the newest teacher-forced row's share held apart until its next token."""
+        keys = self.cache.layers[index].keys
+        zeros = keys.new_zeros(1, keys.shape[1], keys.shape[2] - start, dtype=torch.float32)
+        for statistic, sums in self.sums.items():
+            if index == len(sums):
+                sums.append(zeros[..., :0])
+            sums[index] = torch.cat([sums[index], zeros], dim=-1)
+            held = self.pending.get(statistic, {}).pop(index, None)
+            if held is not None:  # the previous newest row, now that its weight is known
+                sums[index][..., : held.shape[-1]] += held * self.weights[start - 1]
+        weights = torch.tensor([new_weights], device=keys.device)
+        if self._pending_is_forced:
+            weights[0, -1] = 0.0
+        chunks = attention_rows(module, layer_input, keys, None, {"position_embeddings": rotary}).chunks
+        for first, probs in chunks:
+            probs = group_mean(probs, keys.shape[1])  # the sums are kept per KV head, as both presses rank
+            rows = torch.arange(start + first, start + first + probs.shape[2], device=keys.device)
+            for statistic, sums in self.sums.items():
+                uniform = statistic.correctness == "uniform"
+                add_column_sums(sums[index], probs, rows, statistic.lag, None if uniform else weights[:, rows - start])
+                if not uniform and self._pending_is_forced and int(rows[-1]) == self.length - 1:
+                    held = torch.zeros_like(sums[index])
+                    add_column_sums(held, probs[:, :, -1:], rows[-1:], statistic.lag, None)
+                    self.pending.setdefault(statistic, {})[index] = held
+
+    def column_sums(self, statistic: ColumnSums, index: int) -> torch.Tensor:
+        """A statistic's sums over the whole history at one layer, the newest row counted as correct."""
+        held = self.pending.get(statistic, {}).get(index)
+        return self.sums[statistic][index] if held is None else self.sums[statistic][index] + held
+
+    def layer_input(self, index: int, rows: int | None) -> torch.Tensor:
+        """The layer's input over the whole history as the press's hook takes it: every row, or zeros but for the
+        newest ``rows`` (the only ones the press reads)."""
+        kept = self.inputs[index]
+        if rows is ALL or kept.shape[1] == self.length:
+            return kept
+        full = kept.new_zeros(kept.shape[0], self.length, kept.shape[2])
+        if rows:
+            full[:, -rows:] = kept[:, -rows:]
+        return full
+
+    def compress(self, press: BasePress | None) -> Compressed:
+        """The press's cache of the whole history (the history's own cache for ``None``, the full cache: callers
+        must not extend it), each layer decided by the press's own hook."""
+        if press is None or evicts_nothing(press):
+            return Compressed(self.cache, [None] * len(self.layers))
+        if not self.can_serve(press):
+            raise ValueError(f"{press!r} reads more than this history keeps: give it its own prefill")
+        need = needs(press)
+        press.post_init_from_model(self.model)
+        layers, masks = [], []
+        for index, layer in enumerate(self.layers):
+            module = layer.self_attn
+            module.rotary_emb = language_model(self.model).rotary_emb  # as KVPress's context manager sets it
+            sums = {statistic: self.column_sums(statistic, index) for statistic in need.sums}
+            keys, values = self.cache.layers[index].keys, self.cache.layers[index].values
+            stand_in = None  # H2O's sums as the eager weights' one-row stand-in, one copy per query head
+            if need.stand_in:
+                stand_in = sums[H2O_SUMS].repeat_interleave(module.config.num_attention_heads // keys.shape[1], 1)[
+                    :, :, None
+                ]
+            hidden = self.layer_input(index, need.rows)
+            kept_keys, kept_values, mask = run_hook(
+                press, module, keys, values, hidden, self.rotary[index], stand_in, sums
+            )
+            layers.append((kept_keys, kept_values))
+            masks.append(mask)
+        return Compressed(cache_of(layers), masks)

@@ -1,0 +1,222 @@
+"""The engine against a fresh prefill under each press: KVPress's own code decides what KVPress's presses keep.
+
+Every press of KVPress's default press list (the presses its own test suite builds, at its easy and hard
+settings), its wrappers, and ours, on tiny Llama and Qwen2 models with grouped-query attention: the cache the
+engine builds from one uncompressed prefill, by running the press's hook on the stored inputs, equals the cache
+a prefill under the press leaves, tensor for tensor (a press that masks keys instead of evicting them: the same
+mask too). Presses that read the eager attention weights are compared by the positions they keep (the
+reference prefill runs eager attention, the engine sdpa: the keys differ by float rounding). Presses that run
+forward passes of their own are sent to a prefill of their own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from kvpress import (
+    AdaKVPress,
+    BlockPress,
+    CapPress,
+    ChunkKVPress,
+    ChunkPress,
+    CompactorPress,
+    ComposedPress,
+    CriticalAdaKVPress,
+    CriticalKVPress,
+    CURPress,
+    DuoAttentionPress,
+    ExpectedAttentionPress,
+    ExpectedAttentionStatsPress,
+    FastKVzipPress,
+    KeyDiffPress,
+    KeyRerotationPress,
+    KnormPress,
+    KVComposePress,
+    KVzapPress,
+    KVzipPress,
+    LagKVPress,
+    LeverageScorePress,
+    LUKVPress,
+    NonCausalAttnPress,
+    ObservedAttentionPress,
+    PyramidKVPress,
+    QFilterPress,
+    RandomPress,
+    RestoreKVPress,
+    SimLayerKVPress,
+    SnapKVPress,
+    StreamingLLMPress,
+    ThinKPress,
+)
+from kvpress import TOVAPress as KVPressTOVA
+from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
+
+from evaluation.engine.history import History
+from evaluation.engine.hooks import mask_of
+from evaluation.press_needs import OWN_PREFILL, SHARED, needs
+from presses import RMMPress, TOVAPress
+from tests.helpers import positions_of, prefill, tiny_model
+
+
+class OfflineDuoAttention(DuoAttentionPress):
+    """DuoAttention with a fixed random head pattern instead of the one its authors publish."""
+
+    @staticmethod
+    def load_attention_pattern(model):
+        shape = (model.config.num_hidden_layers, model.config.num_key_value_heads)
+        return 2, 2, np.random.default_rng(0).random(shape)
+
+
+class OfflineQFilter(QFilterPress):
+    def post_init_from_model(self, model):
+        config = model.config
+        shape = (config.num_hidden_layers, config.num_key_value_heads, config.hidden_size // config.num_attention_heads)
+        self.q_filters = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+
+
+class OfflineExpectedAttentionStats(ExpectedAttentionStatsPress):
+    def post_init_from_model(self, model):
+        config = model.config
+        head_dim = config.hidden_size // config.num_attention_heads
+        generator = torch.Generator().manual_seed(0)
+        self.mu = torch.randn(config.num_hidden_layers, config.num_attention_heads, head_dim, generator=generator)
+        self.cov = torch.eye(head_dim).expand(config.num_hidden_layers, config.num_attention_heads, -1, -1)
+
+
+class OfflineKVzap(KVzapPress):
+    def post_init_from_model(self, model):
+        config = model.config
+        kv_heads, layers = config.num_key_value_heads, config.num_hidden_layers
+        torch.manual_seed(0)
+        self.kvzap_model = KVzapModel(KVzapConfig(input_dim=config.hidden_size, output_dim=kv_heads, n_modules=layers))
+
+
+class OfflineLUKV(LUKVPress):
+    def post_init_from_model(self, model):
+        self.press.post_init_from_model(model)
+        shape = (99, model.config.num_hidden_layers, model.config.num_key_value_heads)
+        self._budget_curves = np.broadcast_to(np.arange(1, 100, dtype=np.float32)[:, None, None] / 100, shape).copy()
+
+
+def kvpress_defaults() -> list:
+    """KVPress's default press list at its easy and hard settings (offline stand-ins for the hub-loaded ones)."""
+    cases = []
+    for easy, ratio in ((True, 0.2), (False, 0.8)):
+        cases += [
+            OfflineDuoAttention(head_compression_ratio=ratio),
+            KnormPress(ratio),
+            ExpectedAttentionPress(ratio),
+            OfflineExpectedAttentionStats(ratio),
+            RandomPress(ratio, seed=0),
+            StreamingLLMPress(ratio),
+            OfflineQFilter(ratio),
+            SnapKVPress(ratio, window_size=2),
+            KVPressTOVA(ratio),
+            ThinKPress(key_channel_compression_ratio=ratio, window_size=2),
+            SimLayerKVPress(lazy_threshold=1 - ratio, n_initial=1, n_recent=1, n_last=1),
+            PyramidKVPress(ratio, window_size=2),
+            LagKVPress(0.5 if easy else 0.8, n_sink=16, lag_size=16),
+            KeyDiffPress(ratio),
+            CURPress(ratio),
+            OfflineKVzap(ratio),
+            CompactorPress(0.5 if easy else 0.8, sink_size_start=int(easy), sink_size_end=int(easy), chunk_size=32),
+            LeverageScorePress(0.8, sketch_dimension=8),
+            NonCausalAttnPress(0.5, chunk_size=32),
+            CapPress(0.5 if easy else 0.8),
+            OfflineLUKV(compression_ratio=0.5 if easy else 0.8),
+        ]
+    return cases
+
+
+def wrappers_and_ours() -> list:
+    cases = []
+    for ratio in (0.2, 0.8):
+        cases += [
+            AdaKVPress(SnapKVPress(ratio, window_size=2)),
+            CriticalKVPress(SnapKVPress(ratio, window_size=2)),
+            CriticalAdaKVPress(KnormPress(ratio)),
+            ChunkPress(SnapKVPress(ratio, window_size=2), chunk_length=24),
+            ChunkKVPress(SnapKVPress(ratio, window_size=2), chunk_length=8),
+            BlockPress(KnormPress(ratio), block_size=16),
+            KeyRerotationPress(KnormPress(ratio)),
+            ComposedPress(
+                [SnapKVPress(ratio, window_size=2), ThinKPress(key_channel_compression_ratio=0.5, window_size=2)]
+            ),
+            TOVAPress(ratio),
+            TOVAPress(ratio, per_kv_group=True),
+            RMMPress(ratio),
+            RMMPress(ratio, lag=4),
+            RMMPress(ratio, lag=4, correctness="uniform"),
+            AdaKVPress(RMMPress(ratio, lag=4)),
+            CriticalKVPress(RMMPress(ratio)),
+            KeyRerotationPress(TOVAPress(ratio)),
+        ]
+    return cases
+
+
+EAGER = [ObservedAttentionPress(0.2), ObservedAttentionPress(0.8), CriticalKVPress(ObservedAttentionPress(0.5))]
+OWN = [KVzipPress(0.5), RestoreKVPress(0.2), FastKVzipPress(0.2), KVComposePress(0.5)]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model(request):
+    return tiny_model(request.param, "sdpa", head_dim=16)
+
+
+IDS = torch.randint(3, 256, (1, 96), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("press", kvpress_defaults() + wrappers_and_ours(), ids=lambda press: repr(press)[:60])
+def test_the_engine_leaves_exactly_the_cache_a_prefill_under_the_press_leaves(model, press):
+    assert needs(press).path == SHARED
+    history = History(model, frozenset({"context"}), [press])
+    history.extend(IDS[0].tolist(), "context")
+    torch.manual_seed(0)
+    compressed = history.compress(press)
+    for layer in model.model.layers:
+        layer.self_attn.masked_key_indices = None
+    torch.manual_seed(0)
+    fresh = prefill(model, IDS, press)
+    for index, (ours, theirs) in enumerate(zip(compressed.cache.layers, fresh.layers, strict=True)):
+        assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values), f"layer {index}"
+        mask = mask_of(getattr(model.model.layers[index].self_attn, "masked_key_indices", None), theirs.keys)
+        assert (mask is None and compressed.masks[index] is None) or torch.equal(compressed.masks[index], mask)
+    assert not any(getattr(layer.self_attn, "kvet_column_sums", None) for layer in model.model.layers)
+
+
+@pytest.mark.parametrize("press", EAGER, ids=repr)
+def test_h2o_sums_stand_in_for_the_eager_weights(model, press):
+    history = History(model, frozenset({"context"}), [press])
+    history.extend(IDS[0].tolist(), "context")
+    compressed = history.compress(press)
+    model.set_attn_implementation("eager")
+    try:
+        fresh = prefill(model, IDS, press)
+    finally:
+        model.set_attn_implementation("sdpa")
+    full = history.cache.layers
+    for ours, theirs, whole in zip(compressed.cache.layers, fresh.layers, full, strict=True):
+        kept, expected = positions_of(whole.keys, ours.keys), positions_of(whole.keys, theirs.keys, atol=1e-4)
+        assert torch.equal(kept.sort(-1).values, expected.sort(-1).values)
+
+
+@pytest.mark.parametrize("press", OWN, ids=lambda press: type(press).__name__)
+def test_presses_that_run_forward_passes_of_their_own_get_their_own_prefill(press):
+    assert needs(press).path == OWN_PREFILL
+    history = History(tiny_model("llama", "sdpa"), frozenset({"context"}), [press])
+    assert not history.can_serve(press)
+
+
+def test_h2o_beside_a_press_that_reads_attention_rows_gets_its_own_prefill():
+    assert needs(ComposedPress([SnapKVPress(0.5), ObservedAttentionPress(0.5)])).path == OWN_PREFILL
+    assert needs(ComposedPress([KnormPress(0.5), ObservedAttentionPress(0.5)])).path == SHARED
+
+
+def test_the_engine_keeps_only_the_rows_its_presses_read(model):
+    presses = [SnapKVPress(0.5, window_size=8), TOVAPress(0.5), ObservedAttentionPress(0.5), RMMPress(0.5, lag=4)]
+    history = History(model, frozenset({"context"}), presses)
+    history.extend(IDS[0].tolist(), "context")
+    assert [inputs.shape[1] for inputs in history.inputs] == [9, 9]
+    assert all(inputs.storage_offset() == 0 and inputs.is_contiguous() for inputs in history.inputs)
+    assert not history.can_serve(ExpectedAttentionPress(0.5)), "it reads every row"
