@@ -57,7 +57,9 @@ def child(mode: str, length: int, data: Path) -> None:
 
     quiet_libraries()
     press = None if mode == "sdpa" else make_press(mode, 0.5)
-    model, tokenizer = load_model(attn_implementation="eager" if press is not None and needs(press).eager else "sdpa")
+    model, tokenizer = load_model(
+        attn_implementation="eager" if press is not None and needs(press).reads_weights else "sdpa"
+    )
     ids = token_ids(tokenizer, data, length)
     cache = DynamicCache()
     start = time.perf_counter()

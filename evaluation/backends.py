@@ -15,12 +15,15 @@ import sys
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from evaluation.errors import EvaluationError
 from evaluation.store import MemoryStore, ResultStore
+
+if TYPE_CHECKING:
+    from evaluation.models import ModelSettings
 
 BACKENDS = ("local", "ray")
 
@@ -87,28 +90,44 @@ class Outcome:
             )
 
 
-def run_units(
-    units: list[Unit], work: Work, load: Callable[[], Any], store: ResultStore, backend: Backend, device: str
-) -> Outcome:
-    """Run every unit that still lacks a result."""
+def run_units(units: list[Unit], work: Work, model: ModelSettings, store: ResultStore, backend: Backend) -> Outcome:
+    """Run every unit that still lacks a result, with ``model`` loaded once per process."""
     todo = [unit for unit in units if not all(key in store for key in unit.keys)]
     if not todo:
         return Outcome(0, {}, {})
     if backend.kind == "local":
-        loaded = load()
+        loaded = model.load()
         started, seconds = time.time(), {}
         for done, unit in enumerate(tqdm(todo, desc="units", unit="unit", disable=not interactive()), start=1):
             seconds[unit.name] = timed(work, loaded, unit, store)
             if not interactive():
                 print(f"[{done}/{len(todo)}] {unit.name} done ({time.time() - started:.0f} s so far)", flush=True)
         return Outcome(len(todo), {}, seconds)
-    return run_on_ray(todo, work, load, store, backend, device)
+    return run_on_ray(todo, work, model, store, backend)
 
 
 def timed(work: Work, loaded: Any, unit: Unit, store: ResultStore) -> float:
+    """Run one unit; an error that is not the harness's own (out of memory, a device error, a bug) stops the run
+    with a message that names the unit and says that what finished is saved."""
     start = time.perf_counter()
-    work(loaded, unit, store)
+    try:
+        work(loaded, unit, store)
+    except EvaluationError:
+        raise
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        hint = " (fewer presses or budgets per run, shorter inputs, or more memory)" if is_out_of_memory(error) else ""
+        raise EvaluationError(
+            f"the run stopped in {unit.name}: {type(error).__name__}: {reason}{hint}. What finished is saved; once "
+            "the cause is fixed, the same command resumes."
+        ) from error
     return round(time.perf_counter() - start, 2)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    import torch
+
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError))
 
 
 class RayWorker:
@@ -128,24 +147,28 @@ class RayWorker:
         return store.new_rows, seconds
 
 
-def run_on_ray(
-    units: list[Unit], work: Work, load: Callable[[], Any], store: ResultStore, backend: Backend, device: str
-) -> Outcome:
+def worker_options(model: ModelSettings, resources: dict, workers: int | None) -> tuple[int, dict]:
+    """How many Ray workers to start and what each asks Ray for: one GPU for a model on ``cuda``, ``cuda:N`` or a
+    device map (the worker sees it as ``cuda``), and an equal share of the cluster's CPUs."""
+    gpu = model.uses_gpu
+    slots = int(resources.get("GPU", 0)) if gpu else int(resources.get("CPU", 1))
+    if slots < 1:
+        raise EvaluationError(f"--device {model.device} asks for GPU workers, but the Ray cluster has no GPU")
+    count = min(workers or (slots if gpu else 1), slots)  # more would wait for resources forever
+    return count, {"num_gpus": 1 if gpu else 0, "num_cpus": max(1, int(resources.get("CPU", 1)) // count)}
+
+
+def run_on_ray(units: list[Unit], work: Work, model: ModelSettings, store: ResultStore, backend: Backend) -> Outcome:
     import ray
 
     if not ray.is_initialized():
         ray.init(address=backend.address, include_dashboard=False, log_to_driver=False)
-    resources = ray.cluster_resources()
-    gpu = device.startswith("cuda")
-    slots = int(resources.get("GPU", 0)) if gpu else int(resources.get("CPU", 1))
-    if slots < 1:
-        raise EvaluationError("--device cuda asks for GPU workers, but the Ray cluster has no GPU")
-    workers = min(backend.workers or (slots if gpu else 1), slots)  # more would wait for resources forever
-    threads = max(1, int(resources.get("CPU", 1)) // workers)
-    actor = ray.remote(num_gpus=1 if gpu else 0, num_cpus=threads)(RayWorker)
+    workers, options = worker_options(model, ray.cluster_resources(), backend.workers)
+    actor = ray.remote(**options)(RayWorker)
+    load = model.on_worker().load
 
     def fresh():
-        return actor.remote(load, threads)
+        return actor.remote(load, options["num_cpus"])
 
     def unit_rows(unit: Unit) -> list[dict]:
         return [row for row in store.rows if store.key(row) in unit.keys]

@@ -224,8 +224,8 @@ def run_protocol(args: argparse.Namespace) -> Path:
     from evaluation.models import ModelSettings
 
     model = ModelSettings(args.model, args.dtype, args.attn_implementation, args.device, args.device_map)
-    if not args.dry_run:  # a dry run plans a GPU machine's run on any machine
-        model.check()
+    if not args.dry_run:  # a dry run plans a GPU machine's run on any machine; a Ray driver plans its workers'
+        model.check(here=args.backend == "local")
     output = args.output or Path("results") / args.command / Path(args.model).name
     backend = backend_of(args)
     if args.command == "longbench":

@@ -11,6 +11,7 @@ from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel
 
 from evaluation.engine.hooks import MASKED, Compressed, kept_tokens, mask_of
+from evaluation.errors import PressCannotRun, press_refusals
 from evaluation.ragged import RAGGED_SDPA, RaggedCache
 from presses.attention import attention_implementation
 from presses.teacher_forcing import language_model
@@ -72,11 +73,13 @@ def generate(
     """Prefill ``context_ids`` under ``press``, append ``question_ids`` uncompressed, then decode greedily.
 
     Positions continue after the full context length, whatever the press kept (as in KVPress's pipeline). What a
-    press leaves on the attention modules for decoding (AdaKV's masked keys) is cleared afterwards.
+    press leaves on the attention modules for decoding (AdaKV's masked keys) is cleared afterwards. A press that
+    refuses the prompt raises ``PressCannotRun``.
     """
+    check_eager_fits(model, context_ids.shape[1])
     cache = DynamicCache()
     try:
-        with press(model) if press is not None else nullcontext():
+        with press(model) if press is not None else nullcontext(), press_refusals(press):
             outputs = model(input_ids=context_ids.to(model.device), past_key_values=cache, logits_to_keep=1)
         layers = language_model(model).layers
         masks = [
@@ -89,6 +92,27 @@ def generate(
         for layer in language_model(model).layers:
             layer.self_attn.masked_key_indices = None
     return Generation(tokens, kept)
+
+
+def check_eager_fits(model: PreTrainedModel, length: int) -> None:
+    """Eager attention holds a layer's (heads x length x length) weights, in the model's dtype and again in float32
+    for the softmax: a prefill they would not fit in is refused before it runs (``PressCannotRun``)."""
+    if model.config._attn_implementation != "eager":
+        return
+    heads = model.config.num_attention_heads
+    needed = heads * length * length * (torch.finfo(model.dtype).bits // 8 + 4)
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    if needed > free:
+        raise PressCannotRun(
+            f"eager attention over {length} tokens needs {needed:,} bytes ({needed / 2**30:.1f} GiB) for one layer's "
+            f"weights and {free:,} are free: a press that reads them cannot run on this example here"
+        )
 
 
 def eos_ids(model: PreTrainedModel) -> set[int]:
@@ -105,18 +129,20 @@ def decode_batch(
     max_new_tokens: int,
     stop_ids: set[int],
     first_logits: torch.Tensor | None = None,
+    consume: bool = False,
 ) -> list[list[int]]:
     """``decode`` for several caches that share the question and the positions (as every press's cache of one
     prompt does) in one batch (``evaluation.ragged``: caches of different lengths are neither padded nor
     copied at each step); a sequence leaves the batch when it stops. Returns the generated ids of each cache,
-    in order. The caches themselves are not modified.
+    in order. The caches themselves are not modified, unless ``consume``: then each is released layer by layer
+    as the batch copies it (a caller that needs them no more, so that no second copy is ever held).
 
     ``first_logits`` (1, 1, vocab), the prefill's last logits, is needed only when there is no question.
     """
     if not caches:
         return []
     device = model.device
-    cache = RaggedCache.from_caches(caches, question_ids.shape[1] + max_new_tokens)
+    cache = RaggedCache.from_caches(caches, question_ids.shape[1] + max_new_tokens, consume)
     active = list(range(len(caches)))
     logits = None if first_logits is None else first_logits.expand(len(caches), -1, -1)
     step_ids = question_ids.to(device).expand(len(caches), -1)
@@ -137,9 +163,8 @@ def decode_batch(
                     if len(generated[sequence]) < max_new_tokens:
                         going.append(row)
             if len(going) < len(active):
-                keep = torch.tensor(going, dtype=torch.long, device=device)
-                cache.batch_select_indices(keep)
-                logits = logits[keep]
+                cache.keep_rows(going)
+                logits = logits[torch.tensor(going, dtype=torch.long, device=logits.device)]
                 active = [active[row] for row in going]
             step_ids = torch.tensor([[tokens[row]] for row in going], dtype=torch.long, device=device)
     return generated

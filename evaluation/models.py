@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 from contextlib import nullcontext, redirect_stderr
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -161,11 +161,12 @@ def load_model(
     path = resolve_model_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path)
     dtype = dtype if isinstance(dtype, torch.dtype) or dtype == "auto" else getattr(torch, dtype)
-    placement = {"device_map": device_map} if device_map else {}
+    # straight onto the device (a 7B model read into host memory first would need ~15 GB of it)
+    placement = device_map or ({"": device} if torch.device(device).type != "cpu" else None)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation=attn_implementation, **placement
+        path, dtype=dtype, attn_implementation=attn_implementation, **({"device_map": placement} if placement else {})
     )
-    return (model if device_map else model.to(device)).eval(), tokenizer
+    return model.eval(), tokenizer
 
 
 @dataclass(frozen=True)
@@ -188,14 +189,25 @@ class ModelSettings:
             "device_map": self.device_map,
         }
 
-    def check(self) -> None:
-        """A device that does not exist here is an error before anything runs."""
+    @property
+    def uses_gpu(self) -> bool:
+        return self.device.startswith("cuda") or self.device_map is not None
+
+    def on_worker(self) -> ModelSettings:
+        """The settings inside a Ray worker, which sees only the GPU Ray gave it, as ``cuda`` (``cuda:0``)."""
+        return replace(self, device="cuda") if self.device.startswith("cuda") else self
+
+    def check(self, here: bool = True) -> None:
+        """A device that does not exist is an error before anything runs; ``here=False`` (the Ray driver, which
+        need not have the workers' GPUs) checks only what it names."""
         import torch
 
         try:
             device = torch.device(self.device)
         except RuntimeError as error:
             raise EvaluationError(f"--device {self.device!r} is no torch device (cpu, cuda, cuda:1, mps)") from error
+        if not here:
+            return
         if device.type == "cuda" and not torch.cuda.is_available():
             raise EvaluationError(f"--device {self.device}: this machine has no CUDA device; use --device cpu")
         if self.attn_implementation == "flash_attention_2" and device.type != "cuda" and not self.device_map:

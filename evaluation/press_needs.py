@@ -25,8 +25,9 @@ from functools import cache
 from kvpress.presses.base_press import BasePress
 
 from presses.column_sums import H2O_SUMS, ColumnSums
+from presses.wrapped import every_press
 
-SHARED, OWN_PREFILL, DECODING = "shared", "own-prefill", "decoding"
+SHARED, OWN_PREFILL, DECODING, REFUSED = "shared", "own-prefill", "decoding", "refused"
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,9 @@ class Needs:
     path: str
     rows: int | None  # newest rows of each layer's input it reads; None: every row
     sums: frozenset[ColumnSums] = frozenset()
-    stand_in: bool = False  # whether its attention weights are H2O's sums as a one-row stand-in (else None)
-    eager: bool = False  # whether a prefill under the press needs eager attention weights
+    reads_weights: bool = False  # it reads the attention weights: eager in a prefill of its own; in the engine,
+    # H2O's sums as a one-row stand-in for them
+    refusal: str = ""  # why it cannot run at all (path REFUSED)
 
 
 ALL = None  # reads every row of the layer's input
@@ -58,7 +60,7 @@ def declarations() -> dict[type, Declared]:
     from presses import RMMPress, TOVAPress
 
     def window(press: BasePress) -> int:
-        return press.window_size + 1  # SnapKV asserts more rows than its window
+        return press.window_size
 
     keys_only = Declared(rows=0, blind=True)
     wrapper = Declared(rows=0, blind=True)
@@ -88,20 +90,6 @@ def declarations() -> dict[type, Declared]:
     }
 
 
-def inner_presses(press: BasePress) -> list[BasePress]:
-    """The presses ``press`` holds, through any attribute (``press``, ``presses``, ``base_press``...)."""
-    found = []
-    for value in vars(press).values():
-        items = value if isinstance(value, (list, tuple)) else [value]
-        found += [item for item in items if isinstance(item, BasePress)]
-    return found
-
-
-def every_press(press: BasePress) -> list[BasePress]:
-    """The press and every press it holds, depth first."""
-    return [press] + [inner for held in inner_presses(press) for inner in every_press(held)]
-
-
 def declared(press: BasePress) -> Declared:
     """The press's own declaration; an undeclared class reads every row, and takes its own prefill if it
     replaces KVPress's context manager or forward hook (it may run anything)."""
@@ -109,7 +97,9 @@ def declared(press: BasePress) -> Declared:
     if known is not None:
         return known
     hooks = type(press).__call__ is not BasePress.__call__ or type(press).forward_hook is not BasePress.forward_hook
-    return Declared(path=OWN_PREFILL if hooks else SHARED)
+    base = next((declarations()[cls] for cls in type(press).__mro__[1:] if cls in declarations()), Declared())
+    # a subclass may read more than its base: every row, and its own prefill if its base or its hooks need one
+    return Declared(path=base.path if base.path != SHARED else OWN_PREFILL if hooks else SHARED)
 
 
 def _sums(press: BasePress) -> set[ColumnSums]:
@@ -124,25 +114,55 @@ def _sums(press: BasePress) -> set[ColumnSums]:
     return set()
 
 
+def _after_eviction(press: BasePress) -> list[BasePress]:
+    """The presses of a ``ComposedPress`` that run after another has evicted (they see fewer keys than rows)."""
+    from kvpress import ComposedPress
+
+    return [
+        late
+        for p in every_press(press)
+        if type(p) is ComposedPress
+        for held in p.presses[1:]
+        for late in every_press(held)
+    ]
+
+
 def needs(press: BasePress) -> Needs:
     """What ``press`` (a wrapper with every press it holds) reads of a prefill, and its path."""
     from kvpress import ObservedAttentionPress
+
+    from presses import RMMPress, TOVAPress
 
     presses = every_press(press)
     own = [declared(p) for p in presses]
     paths = {d.path for d in own}
     path = DECODING if DECODING in paths else OWN_PREFILL if OWN_PREFILL in paths else SHARED
     rows = [d.rows(p) if callable(d.rows) else d.rows for p, d in zip(presses, own, strict=True)]
-    readers = [p for p in presses if type(p) is ObservedAttentionPress]
-    if readers and not all(d.blind or type(p) is ObservedAttentionPress for p, d in zip(presses, own, strict=True)):
-        path = OWN_PREFILL if path == SHARED else path  # H2O's sums beside a press that reads attention rows
+    late = _after_eviction(press)
+    if any(type(p) in (TOVAPress, RMMPress) for p in late):
+        rows.append(ALL)  # after another press evicted, ours score the prompt's keys, recomputed from every row
+    if any(isinstance(p, ObservedAttentionPress) for p in late):
+        return Needs(
+            REFUSED,
+            ALL,
+            refusal="ObservedAttentionPress after a press that evicts sums attention over keys "
+            "that press removed (KVPress's ComposedPress documents it fails): put it first",
+        )
+    readers = [p for p in presses if isinstance(p, ObservedAttentionPress)]
+    exact = all(type(p) is ObservedAttentionPress for p in readers)
+    if readers and not (exact and all(d.blind or p in readers for p, d in zip(presses, own, strict=True))):
+        path = OWN_PREFILL if path == SHARED else path  # an eager prefill: beside attention rows, or a subclass
     return Needs(
         path=path,
-        rows=ALL if ALL in rows else max(rows, default=0),
+        rows=combined(rows),
         sums=frozenset(s for p in presses for s in _sums(p)),
-        stand_in=bool(readers),
-        eager=bool(readers),
+        reads_weights=bool(readers),
     )
+
+
+def combined(rows: list[int | None]) -> int | None:
+    """The rows to keep for presses that read these: every row if one reads them all, else the most any reads."""
+    return ALL if ALL in rows else max(rows, default=0)
 
 
 def describe(press: BasePress | None) -> str:
@@ -153,4 +173,5 @@ def describe(press: BasePress | None) -> str:
         SHARED: "shared prefill: its own hook on the stored inputs",
         OWN_PREFILL: "its own prefill",
         DECODING: "compresses while decoding",
+        REFUSED: "refused",
     }[needs(press).path]

@@ -166,7 +166,7 @@ def canonical(spec: str) -> str:
 
 def check_presses(specs: list[str]) -> None:
     """Parse every spec once before any work, so a mistake is reported before the model loads."""
-    from evaluation.press_needs import DECODING, needs
+    from evaluation.press_needs import DECODING, REFUSED, needs
 
     for spec in specs:
         press = parse_spec(spec)
@@ -174,6 +174,8 @@ def check_presses(specs: list[str]) -> None:
             raise EvaluationError(
                 f"press spec {spec!r}: {type(press).__name__} has no compression_ratio for the budget to set"
             )
+        if press is not None and needs(press).path == REFUSED:
+            raise EvaluationError(f"press spec {spec!r}: {needs(press).refusal}")
         if press is not None and needs(press).path == DECODING:
             raise EvaluationError(
                 f"press spec {spec!r}: {type(press).__name__} compresses while decoding, which these protocols do "

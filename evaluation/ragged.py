@@ -41,7 +41,8 @@ class Ragged(NamedTuple):
 
 
 class Group(NamedTuple):
-    rows: torch.Tensor  # batch rows, ascending
+    rows: list[int]  # batch rows, ascending
+    index: torch.Tensor  # the same, on the buffers' device
     keys: torch.Tensor  # (rows, num_kv_heads, length + room, head_dim)
     values: torch.Tensor
     visible: torch.Tensor | None  # (rows, num_kv_heads, length + room), or None: every key visible
@@ -65,7 +66,8 @@ class RaggedLayer(CacheLayerMixin):
             by_length.setdefault(tensor.shape[2], []).append(row)
         self.groups = [
             Group(
-                torch.tensor(rows, device=keys[0].device),
+                rows,
+                torch.tensor(rows, dtype=torch.long, device=keys[0].device),
                 _with_room([keys[row] for row in rows], room),
                 _with_room([values[row] for row in rows], room),
                 _visible([masks[row] for row in rows], keys[rows[0]], room),
@@ -93,32 +95,33 @@ class RaggedLayer(CacheLayerMixin):
                     visible[..., :start] = group.visible[..., :start]
                 grown = (_with_room([group.keys[:, :, :start]], room), _with_room([group.values[:, :, :start]], room))
                 group = group._replace(keys=grown[0], values=grown[1], visible=visible)
-            group.keys[:, :, start:stop] = key_states[group.rows]
-            group.values[:, :, start:stop] = value_states[group.rows]
+            group.keys[:, :, start:stop] = key_states[group.index]
+            group.values[:, :, start:stop] = value_states[group.index]
             self.groups[index] = group._replace(length=stop)
         visible = [None if g.visible is None else g.visible[..., : g.length] for g in self.groups]
-        rows = [g.rows for g in self.groups]
+        rows = [g.index for g in self.groups]
         return (
             Ragged(rows, [g.keys[:, :, : g.length] for g in self.groups], visible),
             Ragged(rows, [g.values[:, :, : g.length] for g in self.groups], visible),
         )
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the batch rows ``indices`` (ascending), renumbered 0.. in that order; empty groups go."""
-        renumber = torch.full((int(indices.max()) + 1 if indices.numel() else 0,), -1, device=indices.device)
-        renumber[indices] = torch.arange(indices.numel(), device=indices.device)
+    def keep_rows(self, kept: list[int]) -> None:
+        """Keep only the batch rows ``kept`` (ascending), renumbered 0.. in that order; empty groups go. Host lists
+        throughout: nothing waits for the device."""
+        renumber = {row: new for new, row in enumerate(kept)}
         groups = []
         for group in self.groups:
-            local = torch.nonzero(torch.isin(group.rows, indices))[:, 0]
-            if not local.numel():
+            local = [i for i, row in enumerate(group.rows) if row in renumber]
+            rows = [renumber[group.rows[i]] for i in local]
+            if not local:
                 continue
-            if local.numel() == group.rows.numel():
-                groups.append(group._replace(rows=renumber[group.rows]))
+            index = torch.tensor(rows, dtype=torch.long, device=group.keys.device)
+            if len(local) == len(group.rows):
+                groups.append(group._replace(rows=rows, index=index))
                 continue
-            visible = None if group.visible is None else group.visible[local]
-            groups.append(
-                Group(renumber[group.rows[local]], group.keys[local], group.values[local], visible, group.length)
-            )
+            picked = torch.tensor(local, dtype=torch.long, device=group.keys.device)
+            visible = None if group.visible is None else group.visible[picked]
+            groups.append(Group(rows, index, group.keys[picked], group.values[picked], visible, group.length))
         self.groups = groups
 
     def get_seq_length(self) -> int:
@@ -158,15 +161,25 @@ def _visible(masks: list[torch.Tensor | None], keys: torch.Tensor, room: int) ->
 class RaggedCache(Cache):
     """A batch of single-sequence caches of any lengths, decoded with the ``RAGGED_SDPA`` attention."""
 
+    def keep_rows(self, kept: list[int]) -> None:
+        """Keep only the batch rows ``kept`` (ascending) in every layer."""
+        for layer in self.layers:
+            layer.keep_rows(kept)
+
     @classmethod
-    def from_caches(cls, caches: list[Compressed], room: int) -> RaggedCache:
-        """Batch row i holds ``caches[i]``. The caches are copied, never modified. ``room``: the positions
-        decoding is expected to add."""
+    def from_caches(cls, caches: list[Compressed], room: int, consume: bool = False) -> RaggedCache:
+        """Batch row i holds ``caches[i]``; ``room``: the positions decoding is expected to add. The caches are
+        copied into the batch's buffers and otherwise left as they are; with ``consume``, each layer of the caches
+        it owns is released once copied, so the batch never holds a second copy of them."""
         layers = []
         for layer in range(len(caches[0].masks)):
             entries = [cache.cache.layers[layer] for cache in caches]
             masks = [cache.masks[layer] for cache in caches]
             layers.append(RaggedLayer([e.keys for e in entries], [e.values for e in entries], masks, room))
+            if consume:
+                for cache, entry in zip(caches, entries, strict=True):
+                    if cache.owned:
+                        entry.keys, entry.values = entry.keys[:, :, :0], entry.values[:, :, :0]
         return cls(layers=layers)
 
 

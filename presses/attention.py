@@ -54,18 +54,15 @@ def recomputed_keys(module: nn.Module, hidden_states: torch.Tensor, kwargs: dict
     return keys * cos.unsqueeze(1) + rotate_half(keys) * sin.unsqueeze(1)
 
 
-def surviving_slots(full_keys: torch.Tensor, kept_keys: torch.Tensor) -> torch.Tensor:
-    """Which of ``full_keys`` (batch, num_kv_heads, length, head_dim) each of ``kept_keys`` is, for a selection made
-    by a prefill press, which never changes the keys it keeps: (batch, num_kv_heads, n_kept) indices."""
-    return torch.cdist(kept_keys.float(), full_keys.float(), p=float("inf")).argmin(-1)
-
-
 def row_positions(kwargs: dict, n_rows: int) -> torch.Tensor:
-    """Absolute positions (batch, n_rows) of the newest ``n_rows`` rows: consecutive, ending at the current
-    forward's last position (its ``position_ids``, else its ``cache_position``)."""
-    newest = kwargs.get("position_ids")
-    newest = kwargs["cache_position"][None] if newest is None else newest
-    return newest[:, -1:] - n_rows + 1 + torch.arange(n_rows, device=newest.device)
+    """Absolute positions (batch, n_rows) of the newest ``n_rows`` rows: the forward's own ``position_ids`` (else its
+    ``cache_position``) where they cover the rows, as the model and ``Transcript`` number them (left padding may
+    repeat a position); rows buffered from earlier forwards take the consecutive positions before them."""
+    positions = kwargs.get("position_ids")
+    positions = kwargs["cache_position"][None] if positions is None else positions
+    if positions.shape[-1] >= n_rows:
+        return positions[:, -n_rows:]
+    return positions[:, -1:] - n_rows + 1 + torch.arange(n_rows, device=positions.device)
 
 
 def causal_mask(rows: torch.Tensor, k_len: int) -> torch.Tensor:
@@ -77,7 +74,7 @@ def sliding_window(module: nn.Module) -> int | None:
     """The layer's sliding attention window, if it has one (Qwen2 sets it per layer, Mistral in its config)."""
     if hasattr(module, "sliding_window"):
         return module.sliding_window
-    return getattr(module.config, "sliding_window", None)
+    return getattr(getattr(module, "config", None), "sliding_window", None)
 
 
 @dataclass(frozen=True)
@@ -89,20 +86,38 @@ class RowMask:
     valid: torch.Tensor | None
 
 
-def row_mask(module: nn.Module, kwargs: dict, n_rows: int, k_len: int) -> RowMask:
+def row_mask(module: nn.Module, kwargs: dict, n_rows: int, k_len: int, device: torch.device) -> RowMask:
     """The model's attention mask for the newest ``n_rows`` rows over ``k_len`` keys.
 
-    Rows of the current forward read the mask the model used (padding, causality and any sliding window).
+    Rows of the current forward read the 4-D mask the model used (padding, causality and any sliding window).
     Rows buffered from earlier forwards (inside ``DecodingPress``) keep the current row's padding keys (left
-    padding is the same for every row); their sliding window is not known, so such a layer is refused.
+    padding is the same for every row); their sliding window is not known, so such a layer is refused. Without a
+    4-D mask (flash attention passes a 2-D padding mask, or none), the mask is built as the model applies it:
+    causal, the 2-D mask's padding keys excluded, and the layer's sliding window.
     """
-    mask = kwargs.get("attention_mask")
-    if mask is None or mask.ndim != 4:
-        return RowMask(None, None)
+    mask, window = kwargs.get("attention_mask"), sliding_window(module)
+    if mask is not None and mask.ndim == 2:
+        mask = None if bool(mask.all()) else mask
+        if mask is not None and mask.shape[-1] != k_len:
+            raise ValueError(
+                f"a padding mask over {mask.shape[-1]} positions no longer lines up with a cache of {k_len} keys: "
+                "score padded batches before any compression, or without flash attention"
+            )
+    if mask is None or mask.ndim == 2:
+        if mask is None and window is None:
+            return RowMask(None, None)
+        rows = torch.arange(k_len - n_rows, k_len, device=device)
+        allowed = causal_mask(rows, k_len)
+        if window is not None:
+            allowed &= torch.arange(k_len, device=device)[None, :] > rows[:, None] - window
+        if mask is None:
+            return RowMask(allowed[None, None], None)
+        keys_valid = mask.to(device).bool()
+        return RowMask(allowed[None, None] & keys_valid[:, None, None, :], keys_valid[:, -n_rows:])
     allowed = (mask if mask.dtype == torch.bool else mask == 0)[..., :k_len]
     q_len = allowed.shape[2]
     if n_rows > q_len:
-        if sliding_window(module) is not None:
+        if window is not None:
             raise ValueError(
                 f"layer {module.layer_idx} uses sliding-window attention: scoring rows buffered over several decoding "
                 "steps would need each row's window, which the model does not pass; use a model without sliding "
@@ -128,16 +143,18 @@ def probability_chunks(
     ``queries``: post-rotary and already scaled, (batch, num_heads, n_rows, head_dim), for the last n_rows
     positions of ``keys`` (batch, num_kv_heads, k_len, head_dim); ``allowed``: the model's mask (``RowMask``),
     or None for causal attention. Yields ``(first, probs)``: the chunk's first row (0 is the oldest of the
-    n_rows) and its probabilities, (batch, num_heads, chunk, visible), over the keys up to the chunk's last row
+    n_rows) and its probabilities (logits, softmax and all in float32, whatever the model's dtype),
+    (batch, num_heads, chunk, visible), over the keys up to the chunk's last row
     (later keys are masked for every row of the chunk, so they are skipped). A row that may see nothing (a
     padding row) gets all zeros.
     """
     k_len, n_rows = keys.shape[2], queries.shape[2]
-    keys = repeat_kv(keys, queries.shape[1] // keys.shape[1]).transpose(2, 3)
+    # logits accumulate in float32 from the model's (possibly bf16) queries and keys; a no-op for float32 models
+    keys = repeat_kv(keys.float(), queries.shape[1] // keys.shape[1]).transpose(2, 3)
     for start in range(0, n_rows, chunk_size):
         stop = min(start + chunk_size, n_rows)
         visible = k_len - n_rows + stop
-        logits = torch.matmul(queries[:, :, start:stop], keys[..., :visible]).float()
+        logits = torch.matmul(queries[:, :, start:stop].float(), keys[..., :visible])
         if allowed is None:
             block = visible - (stop - start)  # only the chunk's own square block holds keys later than some row
             rows = torch.arange(stop - start, device=keys.device)
@@ -172,14 +189,14 @@ def attention_rows(
     """
     n_rows = n_rows or hidden_states.shape[1]
     k_len = keys.shape[2]
-    mask = row_mask(module, kwargs, n_rows, k_len)
+    mask = row_mask(module, kwargs, n_rows, k_len, keys.device)
     if attentions is not None and attentions.shape[2] >= n_rows and attentions.shape[-1] == k_len:
         rows = attentions[:, :, -n_rows:].float()
         if mask.valid is not None:
             rows = rows * mask.valid[:, None, :, None]  # an eager padding row attends uniformly: it is no token
         chunks = ((start, rows[:, :, start : start + chunk_size]) for start in range(0, n_rows, chunk_size))
         return AttentionRows(chunks, mask.valid)
-    queries = row_queries(module, hidden_states[:, -n_rows:], kwargs) * module.scaling
+    queries = row_queries(module, hidden_states[:, -n_rows:], kwargs).float() * module.scaling
     return AttentionRows(probability_chunks(queries, keys, chunk_size, mask.allowed), mask.valid)
 
 

@@ -16,28 +16,8 @@ from presses.column_sums import ColumnSums, provided
 from presses.fused_attention import fused_column_sums
 from presses.ordered_scorer_press import OrderedScorerPress, check_compression_ratio, gather_kept, kept_indices
 from presses.prefix import replay, token_ids_of
-from presses.smoother import Smoother, key_marks
-from presses.teacher_forcing import Transcript, language_model
-
-CORRECTNESS_MODES = ("teacher_forced", "uniform")
-
-
-def checked_correctness(correctness: str | torch.Tensor | Sequence[float]) -> str | torch.Tensor:
-    """A correctness mode, or per-position weights as a (batch, length) float32 tensor."""
-    if isinstance(correctness, str):
-        if correctness not in CORRECTNESS_MODES:
-            raise ValueError(
-                f"correctness must be one of {CORRECTNESS_MODES} or a sequence of per-position weights, "
-                f"got {correctness!r}"
-            )
-        return correctness
-    weights = torch.as_tensor(correctness, dtype=torch.float32)
-    if weights.ndim not in (1, 2) or not torch.isfinite(weights).all() or (weights < 0).any():
-        raise ValueError(
-            "per-position correctness weights must be finite, non-negative, of shape (length,) or "
-            f"(batch, length); got shape {tuple(weights.shape)}"
-        )
-    return weights if weights.ndim == 2 else weights.unsqueeze(0)
+from presses.smoother import UNKNOWN, Smoother, key_marks
+from presses.teacher_forcing import Transcript, checked_correctness, language_model
 
 
 @dataclass
@@ -111,15 +91,17 @@ class RMMPress(OrderedScorerPress):
         return smoother.scores().gather(-1, slots)
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keep what ``score`` ranks highest and gather the smoother with the cache. A forward of several rows
-        whose predictions come only at its end (a question inside ``DecodingPress``) evicts nothing yet."""
+        """Keep what ``score`` ranks highest and gather the smoother with the cache; on equal scores the older
+        position stays, in whatever order the cache holds the keys."""
         check_compression_ratio(self.compression_ratio)
         smoother, slots = self.observe(module, hidden_states, keys, attentions, kwargs)
-        if self.compression_ratio == 0 or smoother.unsettled > 1:
+        if self.compression_ratio == 0:
             return keys, values
         n_kept = compute_n_kept(keys.shape[2], self.compression_ratio)
         smoother.check_budget(n_kept)
-        kept = self.select(smoother.scores().gather(-1, slots), n_kept)
+        by_age = smoother.positions.gather(-1, slots).argsort(dim=-1, stable=True)
+        kept = by_age.gather(-1, self.select(smoother.scores().gather(-1, slots.gather(-1, by_age)), n_kept))
+        kept = kept.sort(-1).values
         smoother.keep(slots.gather(-1, kept))
         return gather_kept(keys, values, kept)
 
@@ -128,43 +110,56 @@ class RMMPress(OrderedScorerPress):
         return kept_indices(scores, n_kept, keep_older=True)
 
     def observe(self, module, hidden_states, keys, attentions, kwargs) -> tuple[Smoother, torch.Tensor]:
-        """The layer's smoother, brought up to date with the rows of ``hidden_states`` it has not observed, and
-        the slot of each of ``keys`` in it, (batch, num_kv_heads, k_len)."""
+        """The layer's smoother, brought up to date, and the slot of each of ``keys`` in it, (batch, num_kv_heads,
+        k_len). A prefill is observed whole, once per forward, from the layer's own input (a wrapper may hand a
+        slice of it, as ``ChunkPress`` does); while decoding, the rows handed in (``DecodingPress``'s buffer)."""
         batch, num_kv_heads, k_len = keys.shape[:3]
-        n_rows, layer, cache = hidden_states.shape[1], module.layer_idx, kwargs.get("past_key_values")
-        positions = row_positions(kwargs, n_rows).expand(batch, -1)
+        layer, cache = module.layer_idx, kwargs.get("past_key_values")
         prefilling = is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1])
+        rows = kwargs["hidden_states"] if prefilling else hidden_states
+        n_rows = rows.shape[1]
+        positions = row_positions(kwargs, n_rows).expand(batch, -1).to(keys.device)
         known = self._caches.get(layer)
-        smoother = None if prefilling or known is None or known() is not cache else self._smoothers.get(layer)
-        full = keys if k_len >= n_rows else recomputed_keys(module, hidden_states, kwargs)
-        old = full.shape[2] - n_rows  # cached positions older than the rows handed in
-        if smoother is None:  # a prefill, or a cache met for the first time while decoding
-            slots = torch.cat([torch.arange(old, device=keys.device).expand(batch, -1), positions], dim=1)
-            slots = slots[:, None].expand(-1, num_kv_heads, -1).contiguous()
-            smoother = Smoother.start(self.lag, slots, key_marks(full))
-            if old:
-                self._observe_prefix(module, smoother, keys, kwargs, positions)
-        else:
-            if int(positions[0, 0]) <= int(smoother.newest[0]):  # the cache was cropped back (a new question)
-                smoother.drop_from(int(positions[0, 0]))
-            appended = int(positions[0, -1] - smoother.newest[0])
+        smoother = self._smoothers.get(layer) if known is not None and known() is cache else None
+        if prefilling and (smoother is None or smoother.source() is not rows):  # a new forward: observe it whole
+            full = keys if k_len == n_rows else recomputed_keys(module, rows, kwargs)
+            smoother = Smoother.start(self.lag, positions[:, None].expand(-1, num_kv_heads, -1), key_marks(full))
+            self._observe_rows(module, smoother, rows, full, attentions, kwargs, positions, True)
+            smoother.source = weakref.ref(rows)
+        elif smoother is None:  # a cache met for the first time while decoding
+            old = k_len - n_rows  # cached positions older than the rows handed in: 0.. unless another press evicted
+            compressed = int(positions[0, -1]) + 1 != k_len
+            older = (
+                torch.full((old,), UNKNOWN, device=keys.device) if compressed else torch.arange(old, device=keys.device)
+            )
+            slots = torch.cat([older.expand(batch, -1), positions], dim=1)
+            smoother = Smoother.start(
+                self.lag, slots[:, None].expand(-1, num_kv_heads, -1).contiguous(), key_marks(keys)
+            )
+            self._observe_prefix(module, smoother, keys, kwargs, positions)
+            self._observe_rows(module, smoother, rows, keys, attentions, kwargs, positions, False)
+        elif not prefilling:
+            held = positions[0].tolist()
+            first, last = held[0], held[-1]
+            if first <= smoother.newest_position:  # the cache was cropped back (a new question)
+                smoother.drop_from(first)
+            appended = last - smoother.newest_position
             if appended > n_rows:
                 raise ValueError(
                     f"RMMPress was handed {n_rows} rows for {appended} new positions: DecodingPress keeps fewer "
                     "buffered rows than steps between compressions; set hidden_states_buffer_size >= "
                     "compression_interval so every row is observed"
                 )
-            old = k_len - appended
-            if smoother.size != old:  # someone evicted without telling: find the survivors by their keys
-                smoother.keep(smoother.locate(key_marks(keys[:, :, :old])))
+            if smoother.size != k_len - appended:  # someone evicted without telling: find the survivors
+                smoother.keep(smoother.locate(key_marks(keys[:, :, : k_len - appended])))
             new = positions[:, None, n_rows - appended :].expand(-1, num_kv_heads, -1)
-            smoother.append(new, key_marks(keys[:, :, old:]))
+            smoother.append(new, key_marks(keys[:, :, k_len - appended :]))
+            self._observe_rows(module, smoother, rows, keys, attentions, kwargs, positions, False)
         self._smoothers[layer] = smoother
         self._caches[layer] = weakref.ref(cache) if cache is not None else lambda: None
-        self._observe_rows(module, smoother, hidden_states, full, attentions, kwargs, positions, prefilling)
-        if full is keys:
+        if smoother.size == k_len and (not prefilling or k_len == n_rows):
             return smoother, torch.arange(k_len, device=keys.device).expand(batch, num_kv_heads, -1)
-        return smoother, smoother.locate(key_marks(keys))  # an earlier press of a ComposedPress evicted
+        return smoother, smoother.locate(key_marks(keys))  # a subset of what was observed (a wrapper's choice)
 
     def _observe_rows(self, module, smoother, hidden_states, keys, attentions, kwargs, positions, prefilling) -> None:
         """Observe the rows of ``hidden_states`` at ``positions`` that ``smoother`` has not seen yet."""
@@ -173,7 +168,9 @@ class RMMPress(OrderedScorerPress):
         if sums is not None:
             smoother.set_sums(group_mean(sums.float(), keys.shape[1]))
             return
-        n_new = int((positions[0] > smoother.newest[0]).sum())
+        last = int(positions[0, -1])
+        n_new = min(positions.shape[1], max(0, last - smoother.newest_position))  # rows at consecutive positions
+        smoother.newest_position = max(smoother.newest_position, last)
         if not n_new:
             return
         weights, unconfirmed = self.row_weights(positions[:, -n_new:], prefilling)
@@ -181,7 +178,7 @@ class RMMPress(OrderedScorerPress):
         for first, probs in rows.chunks:
             span = slice(first, first + probs.shape[2])
             valid = None if rows.valid is None else rows.valid[:, span]
-            settled = None if unconfirmed is None else unconfirmed[span]
+            settled = [row - first for row in unconfirmed if span.start <= row < span.stop]
             grouped = group_mean(probs, keys.shape[1])
             smoother.observe(positions[:, -n_new:][:, span], weights[:, span], grouped, valid, settled)
 
@@ -205,9 +202,9 @@ class RMMPress(OrderedScorerPress):
         kwargs = {"position_embeddings": rotary, "position_ids": rows[:1]}
         self._observe_rows(module, smoother, hidden, keys[:, :, :first], None, kwargs, rows, False)
 
-    def row_weights(self, positions: torch.Tensor, prefilling: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """w(t) at ``positions`` (batch, n_rows), and which rows' weights are still provisional (n_rows,): rows
-        whose prediction or next token is not known yet count as correct until ``Smoother.revise``."""
+    def row_weights(self, positions: torch.Tensor, prefilling: bool) -> tuple[torch.Tensor, list[int]]:
+        """w(t) at ``positions`` (batch, n_rows), and the rows whose weights are still provisional (their indices):
+        rows whose prediction or next token is not known yet count as correct until ``Smoother.revise``."""
         if isinstance(self.correctness, torch.Tensor):
             if int(positions.max()) >= self.correctness.shape[-1]:
                 raise ValueError(
@@ -215,7 +212,7 @@ class RMMPress(OrderedScorerPress):
                     f"{int(positions.max())}: supply one weight per position of the sequence."
                 )
             weights = self.correctness.to(positions.device).expand(positions.shape[0], -1)
-            return weights.gather(1, positions), None
+            return weights.gather(1, positions), []
         if self.teacher_forced and prefilling:
             self._transcript.predict(self._model, positions)
         known = self._transcript.weights(positions) if self.teacher_forced else None
@@ -225,7 +222,7 @@ class RMMPress(OrderedScorerPress):
                 "or a wrapper such as PerLayerCompressionPress never showed it the model): uniform weights",
                 stacklevel=2,
             )
-        return known or (torch.ones(positions.shape, device=positions.device), None)
+        return known or (torch.ones(positions.shape, device=positions.device), [])
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Record the token ids and predictions of what the model runs, under this press or a wrapper's hooks;

@@ -10,6 +10,7 @@ say which slots survived (``locate``). The press, the evaluation engine and the 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -19,7 +20,10 @@ import torch
 from presses.column_sums import in_window
 
 UNSEEN = float("-inf")  # the score of a slot no valid row can see (a padding position): evicted first
+UNKNOWN = -(2**40)  # the position of a slot whose position cannot be known: older than any Eq. 1 window reaches
 MARK_DIMS = 8  # a key's fingerprint: its projection on this many fixed random directions
+SAME_KEY = 1e-3  # two fingerprints within this relative L1 distance are one key (rounding, a quantized cache)
+SEARCH_CHUNK = 1024  # fingerprints matched at a time by the exhaustive search
 
 Confirmation = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # positions -> (correct, known)
 
@@ -33,6 +37,31 @@ def key_marks(keys: torch.Tensor) -> torch.Tensor:
     """Fingerprints of keys (batch, num_kv_heads, n, head_dim): (batch, num_kv_heads, n, MARK_DIMS) float32. A
     kept key is never changed by an eviction, so its fingerprint finds its slot again."""
     return keys.float() @ _directions(keys.shape[-1]).to(keys.device)
+
+
+def nearest_slots(slot_marks: torch.Tensor, marks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each fingerprint of ``marks`` (batch, num_kv_heads, m, MARK_DIMS), the slot of ``slot_marks`` (batch,
+    num_kv_heads, n, MARK_DIMS) with the nearest one, and whether it is the same key: (batch, num_kv_heads, m)
+    indices and booleans. Neighbours in the order of the first dimension first; an exhaustive search for the
+    fingerprints they do not match."""
+    n = slot_marks.shape[-2]
+    order = slot_marks[..., 0].argsort(dim=-1)
+    ranked = slot_marks.gather(-2, order[..., None].expand(-1, -1, -1, MARK_DIMS))
+    place = torch.searchsorted(ranked[..., 0].contiguous(), marks[..., 0].contiguous())
+    candidates = (place[..., None] + torch.arange(-2, 3, device=place.device)).clamp(0, n - 1)
+    near = ranked.gather(-2, candidates.flatten(-2)[..., None].expand(-1, -1, -1, MARK_DIMS))
+    distance = (near.unflatten(-2, candidates.shape[-2:]) - marks[..., None, :]).abs().sum(-1)
+    closest, pick = distance.min(-1)
+    index = order.gather(-1, candidates.gather(-1, pick[..., None])[..., 0])
+    scale = marks.abs().sum(-1).clamp(min=1e-12)
+    if not bool((closest <= SAME_KEY * scale).all()):
+        for start in range(0, marks.shape[-2], SEARCH_CHUNK):
+            chunk = slice(start, start + SEARCH_CHUNK)
+            exhaustive, found = torch.cdist(marks[..., chunk, :], slot_marks, p=1).min(-1)
+            better = exhaustive < closest[..., chunk]
+            closest[..., chunk] = torch.where(better, exhaustive, closest[..., chunk])
+            index[..., chunk] = torch.where(better, found, index[..., chunk])
+    return index, closest <= SAME_KEY * scale
 
 
 @dataclass
@@ -54,6 +83,8 @@ class Smoother:
     seen: torch.Tensor
     newest: torch.Tensor
     pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    newest_position: int = -1  # ``newest`` of batch row 0, on the host (kept by the caller of ``observe``)
+    source: Callable[[], object] = lambda: None  # a weak reference to the layer input a prefill observed
 
     @classmethod
     def start(cls, lag: int | None, positions: torch.Tensor, marks: torch.Tensor) -> Smoother:
@@ -82,29 +113,34 @@ class Smoother:
         weights: torch.Tensor,
         probs: torch.Tensor,
         valid: torch.Tensor | None = None,
-        unconfirmed: torch.Tensor | None = None,
+        unconfirmed: list[int] | None = None,
     ) -> None:
         """Add rows of attention to the slots of their windows.
 
         ``row_positions`` (batch, n_rows); ``weights`` (batch, n_rows): w(t); ``probs`` (batch, num_kv_heads,
         n_rows, n_visible): each row's attention to the first ``n_visible`` slots, averaged over the query heads of
         each KV group; ``valid`` (batch, n_rows): False for padding rows, which neither add nor count;
-        ``unconfirmed`` (n_rows,): rows whose weight is provisional, kept in ``pending`` for ``revise``.
+        ``unconfirmed``: the indices (among the n_rows) of rows whose weight is provisional, kept in ``pending`` for
+        ``revise`` (a host list: nothing here waits for the device).
         """
+        device = self.positions.device  # the layer's keys' device: row data may come from another (a device map)
+        row_positions, weights, probs = row_positions.to(device), weights.to(device), probs.to(device)
+        valid = None if valid is None else valid.to(device)
         visible = probs.shape[-1]
         window = in_window(row_positions[:, None, :], self.positions[..., :visible], self.lag)
         if valid is not None:
             window &= valid[:, None, :, None]
         contribution = probs.float() * weights.float()[:, None, :, None] * window
-        held = torch.zeros(contribution.shape[2], dtype=torch.bool, device=contribution.device)
-        if unconfirmed is not None:
-            held = unconfirmed.to(contribution.device)
-        self.utility[..., :visible] += contribution[:, :, ~held].sum(2)
+        held = unconfirmed or []
+        settled = contribution.sum(2)
+        if held:
+            settled -= contribution[:, :, torch.tensor(held, device=device)].sum(2)
+        self.utility[..., :visible] += settled
         self.rows[..., :visible] += window.sum(2)
         reached = probs > 0 if valid is None else (probs > 0) & valid[:, None, :, None]
         self.seen[..., :visible] |= reached.any(2)
         self.newest = torch.maximum(self.newest, row_positions[:, -1])
-        for row in held.nonzero()[:, 0].tolist():
+        for row in held:
             pending = torch.zeros_like(self.utility)
             pending[..., :visible] = contribution[:, :, row]
             self.pending.append((row_positions[:, row], pending))
@@ -113,6 +149,7 @@ class Smoother:
         """Take every slot's utility from sums computed elsewhere over all rows up to the newest slot
         (``presses.column_sums``), on a fresh smoother of consecutive positions."""
         self.newest = self.positions.amax(dim=(1, 2))
+        self.newest_position = int(self.newest[0])
         ages = self.newest[:, None, None] - self.positions
         self.utility = utility
         self.rows = (ages + 1 if self.lag is None else ages.clamp(max=self.lag)).float()
@@ -125,15 +162,10 @@ class Smoother:
         for row, contribution in self.pending:
             correct, known = confirm(row[:, None])
             if bool(known.all()):
-                self.utility += contribution * correct[:, 0, None, None]
+                self.utility += contribution * correct[:, 0, None, None].to(contribution.device)
             else:
                 still.append((row, contribution))
         self.pending = still
-
-    @property
-    def unsettled(self) -> int:
-        """How many observed rows still wait for their weight."""
-        return len(self.pending)
 
     def provisional(self) -> torch.Tensor:
         """The provisional buffer: slots younger than the lag, (batch, num_kv_heads, n_slots) booleans."""
@@ -175,15 +207,25 @@ class Smoother:
         self.keep(torch.arange(kept, device=self.positions.device).expand(*self.positions.shape[:2], -1))
         self.pending = [(row, contribution) for row, contribution in self.pending if int(row[0]) < position]
         self.newest = torch.clamp(self.newest, max=position - 1)
+        self.newest_position = min(self.newest_position, position - 1)
 
     def locate(self, marks: torch.Tensor) -> torch.Tensor:
-        """The slot of each fingerprint ``marks`` (batch, num_kv_heads, m, MARK_DIMS): (batch, num_kv_heads, m)
-        indices of the nearest slot, found through the slots sorted by their first fingerprint dimension."""
-        order = self.marks[..., 0].argsort(dim=-1)
-        ranked = self.marks.gather(-2, order[..., None].expand(-1, -1, -1, MARK_DIMS))
-        place = torch.searchsorted(ranked[..., 0].contiguous(), marks[..., 0].contiguous())
-        candidates = (place[..., None] + torch.arange(-1, 2, device=place.device)).clamp(0, self.size - 1)
-        flat = candidates.flatten(-2)[..., None].expand(-1, -1, -1, MARK_DIMS)
-        distance = (ranked.gather(-2, flat).unflatten(-2, candidates.shape[-2:]) - marks[..., None, :]).abs().sum(-1)
-        best = candidates.gather(-1, distance.argmin(-1, keepdim=True))[..., 0]
-        return order.gather(-1, best)
+        """The slot of each key fingerprint ``marks`` (batch, num_kv_heads, m, MARK_DIMS): (batch, num_kv_heads, m)
+        indices. A key that matches none (another press changed it, as ``KeyRerotationPress`` does) gets a slot
+        of its own, started afresh at an unknown position: it competes from nothing."""
+        index, same = nearest_slots(self.marks, marks)
+        if bool(same.all()):
+            return index
+        warnings.warn(
+            "RMMPress cannot tell which cached keys some keys are (another press changed them): they start unobserved",
+            stacklevel=3,
+        )
+        new = ~same
+        count = int(new.sum(-1).max())
+        fresh = torch.full((*self.positions.shape[:2], count), UNKNOWN, device=self.positions.device)
+        start = self.size
+        self.append(fresh, marks.new_zeros(*fresh.shape, MARK_DIMS))
+        rank = new.long().cumsum(-1) - 1  # the k-th unmatched key of a head takes that head's k-th fresh slot
+        index = torch.where(new, start + rank.clamp(min=0), index)
+        self.marks.scatter_(-2, index[..., None].expand(-1, -1, -1, MARK_DIMS), marks)
+        return index

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -18,7 +18,28 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
+from presses.wrapped import every_press
+
 LOGIT_CHUNK_SIZE = 512
+CORRECTNESS_MODES = ("teacher_forced", "uniform")
+
+
+def checked_correctness(correctness: str | torch.Tensor | Sequence[float]) -> str | torch.Tensor:
+    """A correctness mode, or per-position weights as a (batch, length) float32 tensor."""
+    if isinstance(correctness, str):
+        if correctness not in CORRECTNESS_MODES:
+            raise ValueError(
+                f"correctness must be one of {CORRECTNESS_MODES} or a sequence of per-position weights, "
+                f"got {correctness!r}"
+            )
+        return correctness
+    weights = torch.as_tensor(correctness, dtype=torch.float32)
+    if weights.ndim not in (1, 2) or not torch.isfinite(weights).all() or (weights < 0).any():
+        raise ValueError(
+            "per-position correctness weights must be finite, non-negative, of shape (length,) or "
+            f"(batch, length); got shape {tuple(weights.shape)}"
+        )
+    return weights if weights.ndim == 2 else weights.unsqueeze(0)
 
 
 def language_model(model: PreTrainedModel) -> nn.Module:
@@ -52,6 +73,7 @@ def teacher_forced_correctness(
     unknown, weighs 1.0. ``hidden_states`` (batch, length, hidden) are the decoder's final (normed) outputs.
     Returns shape (batch, length)."""
     predicted = top1_predictions(lm_head, hidden_states[:, :-1], chunk_size)
+    input_ids = input_ids.to(predicted.device)  # under a device map the head and the embeddings may differ
     correct = torch.ones(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     correct[:, :-1] = (predicted == input_ids[:, 1:]).float()
     return correct
@@ -89,20 +111,6 @@ def forward_positions(kwargs: dict, length: int, device: torch.device) -> torch.
     cache = kwargs.get("past_key_values")
     start = cache.get_seq_length() if cache is not None else 0
     return torch.arange(start, start + length, device=device)[None]
-
-
-def holds(press: object, inner: object) -> bool:
-    """Whether ``press`` is ``inner`` or wraps it, through any attribute holding a press or a list of presses
-    (``press``, ``presses``, ``base_press``...; wrappers need not be dataclasses, ``CriticalKVPress`` is not)."""
-    if press is inner:
-        return True
-    values = vars(press).values() if isinstance(press, BasePress) else ()
-    return any(
-        holds(item, inner)
-        for value in values
-        for item in (value if isinstance(value, (list, tuple)) else [value])
-        if isinstance(item, BasePress)
-    )
 
 
 class Transcript:
@@ -152,7 +160,10 @@ class Transcript:
         if ids is None:
             return
         positions = forward_positions(kwargs, ids.shape[1], ids.device).expand(ids.shape[0], -1)
-        first = max(int(positions.min()), 0)  # what this forward runs from supersedes anything recorded there
+        padding = kwargs.get("attention_mask")
+        if padding is not None and padding.ndim == 2 and padding.shape == ids.shape:
+            positions = positions.masked_fill(padding == 0, -1)  # no padding token is recorded
+        first = max(int(positions.max(-1).values.min()) - ids.shape[1] + 1, 0)  # this forward supersedes from here
         self.tokens, self.predictions = self.tokens[:, :first], self.predictions[:, :first]
         self.tokens = _write(self.tokens, positions, ids)
         self._last_positions = positions
@@ -172,7 +183,12 @@ class Transcript:
         if self._bound:
             return True
         attention = language_model(model).layers[0].self_attn
-        hooks = [hook for hook in attention._forward_hooks.values() if holds(getattr(hook, "__self__", None), owner)]
+        holders = [(hook, getattr(hook, "__self__", None)) for hook in attention._forward_hooks.values()]
+        hooks = [
+            hook
+            for hook, holder in holders
+            if isinstance(holder, BasePress) and any(press is owner for press in every_press(holder))
+        ]
         if not hooks:
             self.detach()
             return False
@@ -186,21 +202,25 @@ class Transcript:
 
     def confirm(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per (batch, position) at ``positions`` (batch, k): 1.0 where the prediction at p equals the token at
-        p + 1, else 0.0; and whether both are known yet."""
+        p + 1, else 0.0; and whether that is settled: both are known, or no token was recorded at p (padding,
+        which no weight changes: 1.0)."""
         predicted, following = _read(self.predictions, positions), _read(self.tokens, positions + 1)
-        return (predicted == following).float(), (predicted >= 0) & (following >= 0)
+        recorded = _read(self.tokens, positions) >= 0
+        correct = torch.where(recorded, (predicted == following).float(), 1.0)
+        return correct, ~recorded | ((predicted >= 0) & (following >= 0))
 
     def knows_tokens(self, positions: torch.Tensor) -> bool:
-        return bool((_read(self.tokens, positions) >= 0).all())
+        """Whether any token at ``positions`` was recorded (none: the model ran on embeddings, or unseen)."""
+        return bool((_read(self.tokens, positions) >= 0).any())
 
-    def weights(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def weights(self, positions: torch.Tensor) -> tuple[torch.Tensor, list[int]] | None:
         """The teacher-forced weight of each row at ``positions`` (batch, n_rows), and which rows' weights are
-        provisional (n_rows,): a row whose prediction or next token is not known yet counts as correct until
-        known. None when the tokens themselves are unknown."""
+        provisional (their indices): a row whose prediction or next token is not known yet counts as correct until
+        known. None when no token there was recorded."""
         if not self.knows_tokens(positions):
             return None
-        correct, known = self.confirm(positions)
-        return torch.where(known, correct, 1.0), ~known.all(0)
+        correct, settled = self.confirm(positions)
+        return torch.where(settled, correct, 1.0), torch.nonzero(~settled.all(0))[:, 0].tolist()
 
     @torch.no_grad()
     def predict(self, model: PreTrainedModel | None, positions: torch.Tensor) -> None:
@@ -208,7 +228,7 @@ class Transcript:
         before its logits exist), from one extra run of that forward without its cache and with every hook
         suspended."""
         call = getattr(self, "_call", None)
-        if model is None or call is None or not torch.equal(self._last_positions[:, -positions.shape[1] :], positions):
+        if model is None or call is None or call["input_ids"].shape[1] != positions.shape[1]:
             return
         if bool(self.confirm(positions[:, :-1])[1].all()):
             return
@@ -219,12 +239,14 @@ class Transcript:
 
 def _write(table: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """``table`` (batch, n) with ``values`` written at ``positions`` (batch, k), grown with -1 as needed; negative
-    positions (padding, under position ids counted from each sequence's first token) are skipped."""
+    positions (padding, under position ids counted from each sequence's first token) are skipped. The table stays on
+    the device of the positions (the ids'; under a device map the predictions come from another device)."""
     batch, size = positions.shape[0], int(positions.max()) + 1
-    if table.shape[0] != batch or table.shape[1] < size:
-        grown = torch.full((batch, max(size, table.shape[1])), -1, dtype=torch.long, device=values.device)
+    values = values.to(positions.device)
+    if table.shape[0] != batch or table.shape[1] < size or table.device != positions.device:
+        grown = torch.full((batch, max(size, table.shape[1])), -1, dtype=torch.long, device=positions.device)
         if table.shape[0] == batch:
-            grown[:, : table.shape[1]] = table
+            grown[:, : table.shape[1]] = table.to(positions.device)
         table = grown
     spill = torch.cat([table, table.new_full((batch, 1), -1)], dim=1)
     spill.scatter_(1, torch.where(positions >= 0, positions, table.shape[1]), values.long())
@@ -232,8 +254,9 @@ def _write(table: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -
 
 
 def _read(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """``table`` at ``positions`` (batch, k); -1 beyond what was written."""
+    """``table`` at ``positions`` (batch, k), on the positions' device; -1 beyond what was written."""
     if table.shape[0] != positions.shape[0] or table.shape[1] == 0:
         return torch.full_like(positions, -1)
+    table = table.to(positions.device)
     inside = (positions >= 0) & (positions < table.shape[1])
     return torch.where(inside, table.gather(1, positions.clamp(0, table.shape[1] - 1)), -1)

@@ -5,8 +5,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from presses.attention import attention_rows, group_mean, recomputed_keys, surviving_slots
+from presses.attention import attention_rows, group_mean, recomputed_keys
 from presses.ordered_scorer_press import OrderedScorerPress
+from presses.smoother import key_marks, nearest_slots
 
 
 @dataclass
@@ -63,4 +64,4 @@ class TOVAPress(OrderedScorerPress):
         else:
             scores = newest.mean(1, keepdim=True).expand(-1, num_kv_heads, -1).clone()
         scores[..., -1] = float("inf")
-        return scores if full is keys else scores.gather(-1, surviving_slots(full, keys))
+        return scores if full is keys else scores.gather(-1, nearest_slots(key_marks(full), key_marks(keys))[0])

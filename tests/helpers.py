@@ -115,7 +115,7 @@ def implementation(spec: str) -> str:
     from evaluation.press_specs import make_press
 
     press = make_press(spec, 0.5)
-    return "eager" if press is not None and needs(press).eager else "sdpa"
+    return "eager" if press is not None and needs(press).reads_weights else "sdpa"
 
 
 def same_sets(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

@@ -151,6 +151,11 @@ def wrappers_and_ours() -> list:
             AdaKVPress(RMMPress(ratio, lag=4)),
             CriticalKVPress(RMMPress(ratio)),
             KeyRerotationPress(TOVAPress(ratio)),
+            ComposedPress([KnormPress(ratio), RMMPress(0.5)]),
+            ComposedPress([KnormPress(ratio), RMMPress(0.5, lag=4, correctness="uniform")]),
+            ComposedPress([KnormPress(ratio), TOVAPress(0.5)]),
+            ComposedPress([RMMPress(ratio, lag=4), RMMPress(0.5)]),
+            ComposedPress([RMMPress(ratio), KnormPress(0.5)]),
         ]
     return cases
 
@@ -208,15 +213,27 @@ def test_presses_that_run_forward_passes_of_their_own_get_their_own_prefill(pres
     assert not history.can_serve(press)
 
 
-def test_h2o_beside_a_press_that_reads_attention_rows_gets_its_own_prefill():
-    assert needs(ComposedPress([SnapKVPress(0.5), ObservedAttentionPress(0.5)])).path == OWN_PREFILL
-    assert needs(ComposedPress([KnormPress(0.5), ObservedAttentionPress(0.5)])).path == SHARED
+def test_h2o_beside_a_press_that_reads_attention_rows_or_as_a_subclass_gets_its_own_eager_prefill():
+    class MyH2O(ObservedAttentionPress):
+        pass
+
+    assert needs(ComposedPress([ObservedAttentionPress(0.5), SnapKVPress(0.5)])).path == OWN_PREFILL
+    assert needs(ComposedPress([ObservedAttentionPress(0.5), KnormPress(0.5)])).path == SHARED
+    assert needs(MyH2O(0.5)).path == OWN_PREFILL and needs(MyH2O(0.5)).reads_weights
+
+
+def test_h2o_after_a_press_that_evicts_cannot_run_and_is_refused_before_any_work():
+    from evaluation.errors import EvaluationError
+    from evaluation.press_specs import check_presses
+
+    with pytest.raises(EvaluationError, match="ObservedAttentionPress after a press that evicts"):
+        check_presses(["composed([knorm, h2o])"])
 
 
 def test_the_engine_keeps_only_the_rows_its_presses_read(model):
     presses = [SnapKVPress(0.5, window_size=8), TOVAPress(0.5), ObservedAttentionPress(0.5), RMMPress(0.5, lag=4)]
     history = History(model, frozenset({"context"}), presses)
     history.extend(IDS[0].tolist(), "context")
-    assert [inputs.shape[1] for inputs in history.inputs] == [9, 9]
+    assert [inputs.shape[1] for inputs in history.inputs] == [8, 8], "SnapKV's window, the most any reads"
     assert all(inputs.storage_offset() == 0 and inputs.is_contiguous() for inputs in history.inputs)
     assert not history.can_serve(ExpectedAttentionPress(0.5)), "it reads every row"

@@ -297,3 +297,15 @@ def test_any_kvpress_press_streams_and_one_on_its_own_prefill_re_prefills_each_q
     assert all(r["kept_tokens"] == 200 for r in rows), "AdaKV masks what it evicts: 200 keys visible per head"
     paths = json.loads((output / "run.json").read_text())["config"]["paths"]
     assert paths[own] == "its own prefill" and paths["knorm"].startswith("shared prefill")
+
+
+def test_a_press_that_refuses_the_history_is_a_failed_cell_and_the_stream_goes_on(model_dir, data_file, tmp_path):
+    """RMM with a lag the budget cannot hold refuses every question: failed rows with the press's reason; the
+    other presses answer."""
+    output = tmp_path / "refused"
+    assert locomo(model_dir, data_file, output, "--presses", "full", "rmm(lag=250)", "h2o") == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    failed = [r for r in rows if r["press"] == "rmm(lag=250)"]
+    assert len(failed) == 4 and all("RMMPress: RMMPress(lag=250) keeps its 250 newest" in r["error"] for r in failed)
+    assert all("prediction" in r for r in rows if r["press"] != "rmm(lag=250)")
+    assert "failed" in (output / "scorecard.md").read_text()

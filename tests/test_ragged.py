@@ -41,13 +41,13 @@ def test_a_ragged_cache_appends_after_each_group_grows_past_its_room_and_copies_
         assert torch.equal(values.tensors[group][keys.rows[group].tolist().index(row), :, -3:], -expected[:, -3:])
         assert torch.equal(cache.cache.layers[1].keys, originals[row]), "the source caches are not modified"
 
-    ragged.batch_select_indices(torch.tensor([1, 2]))
+    ragged.keep_rows([1, 2])
     keys, _ = ragged.update(torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8), 1)
     assert [rows.tolist() for rows in keys.rows] == [[1], [0]]
     assert [tensor.shape[2] for tensor in keys.tensors] == [9, 13]
     assert torch.equal(keys.tensors[0][0, :, :5], caches[2].cache.layers[1].keys[0])
 
-    ragged.batch_select_indices(torch.tensor([1]))
+    ragged.keep_rows([1])
     assert ragged.get_seq_length(1) == 9
     assert len(ragged.layers[1].groups) == 1
 
@@ -82,3 +82,14 @@ def test_batched_decoding_equals_one_cache_at_a_time_whatever_the_lengths_and_st
     for (name, ratio), tokens in zip(cells, batched, strict=True):
         alone = decode(model, copy.deepcopy(history.compress(make_press(name, ratio)).cache), question, 96, 10, stop)
         assert tokens == alone, name
+
+
+def test_a_batch_that_takes_over_its_caches_releases_each_layer_it_copied_but_not_a_shared_cache():
+    owned, shared = random_cache(5, 0), random_cache(7, 1)
+    shared.owned = False  # a history's own cache, which it goes on extending
+    before = shared.cache.layers[1].keys.clone()
+    ragged = RaggedCache.from_caches([owned, shared], room=1, consume=True)
+    assert all(layer.keys.numel() == layer.values.numel() == 0 for layer in owned.cache.layers)
+    assert torch.equal(shared.cache.layers[1].keys, before)
+    keys, _ = ragged.update(torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8), 1)
+    assert [tensor.shape[2] for tensor in keys.tensors] == [6, 8]

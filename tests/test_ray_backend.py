@@ -137,3 +137,93 @@ def test_the_local_backend_never_imports_ray(model_dir, data, tmp_path):
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
     assert "ray" not in backends.__dict__
+
+
+class FakeRay:
+    """Ray's surface as the backend uses it, run in this process: what each worker asks Ray for is recorded."""
+
+    class exceptions:
+        RayActorError = type("RayActorError", (Exception,), {})
+        RayTaskError = type("RayTaskError", (Exception,), {})
+
+    def __init__(self, resources: dict) -> None:
+        self.resources, self.options = resources, []
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def cluster_resources(self) -> dict:
+        return self.resources
+
+    def remote(self, **options):
+        self.options.append(options)
+
+        def actor_class(cls):
+            def start(*args):
+                worker = cls(*args)
+                return type(
+                    "Actor", (), {"run": type("Method", (), {"remote": lambda self, *a: lambda: worker.run(*a)})()}
+                )()
+
+            return type("ActorClass", (), {"remote": staticmethod(start)})
+
+        return actor_class
+
+    def wait(self, refs: list, num_returns: int) -> tuple[list, list]:
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        return ref()
+
+
+@pytest.mark.parametrize(
+    ("placement", "worker_device", "worker_map"),
+    [
+        (["--device", "cuda"], "cuda", None),
+        (["--device", "cuda:1"], "cuda", None),
+        (["--device-map", "auto"], "cpu", "auto"),
+    ],
+)
+def test_on_a_cpu_only_driver_each_worker_asks_for_its_gpu_and_loads_onto_it(
+    model_dir, data, tmp_path, monkeypatch, placement, worker_device, worker_map
+):
+    import torch
+
+    from evaluation.models import ModelSettings
+
+    fake = FakeRay({"GPU": 2.0, "CPU": 8.0})
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    loads = []
+    real_load = ModelSettings.load
+
+    def load(settings):
+        loads.append((settings.device, settings.device_map))
+        return real_load(ModelSettings(settings.name))  # the tiny model, on this CPU
+
+    monkeypatch.setattr(ModelSettings, "load", load)
+    threads = torch.get_num_threads()
+    try:
+        argv = [*longbench_argv(model_dir, data, tmp_path / "run"), "--backend", "ray", "--workers", "2", *placement]
+        assert main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert fake.options == [{"num_gpus": 1, "num_cpus": 4}]
+    assert loads == [(worker_device, worker_map)] * 2, "Ray shows each worker its own GPU as cuda:0"
+
+
+def test_a_model_loads_straight_onto_its_device(model_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from evaluation.models import load_model
+
+    calls = []
+
+    def from_pretrained(path, **kwargs):
+        calls.append(kwargs.get("device_map"))
+        return tiny_model("qwen2", "sdpa")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    load_model(str(model_dir), device="cuda:1")
+    load_model(str(model_dir), device="cpu")
+    load_model(str(model_dir), device_map="auto")
+    assert calls == [{"": "cuda:1"}, None, "auto"]

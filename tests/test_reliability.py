@@ -239,3 +239,64 @@ def test_a_corrupt_trace_cache_names_its_file(tmp_path, monkeypatch, capsys):
 
 def test_model_settings_default_is_the_offline_model():
     assert ModelSettings().name == "smollm2-135m"
+
+
+def test_an_error_that_is_no_refusal_stops_the_run_loudly_and_the_rerun_resumes(
+    model_dir,  # noqa: F811
+    data_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+):
+    """Out of memory in the second example: no failed cell, an exit status of 2 and a message naming the unit; the
+    first example's rows stay, and the same command finishes the rest."""
+    import torch
+
+    import evaluation.longbench.runner as runner
+
+    output, calls, decode = tmp_path / "run", [], runner.decode_batch
+
+    def out_of_memory_on_the_second_example(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "decode_batch", out_of_memory_on_the_second_example)
+    assert longbench(model_dir, data_dir, output) == 2
+    message = error_of(capsys)
+    assert "the run stopped in" in message and "OutOfMemoryError: CUDA out of memory" in message
+    assert "the same command resumes" in message and "\n" not in message
+    first = rows_of(output)
+    assert first and not any(row.get("error") for row in first), "nothing is recorded as a failed cell"
+    monkeypatch.setattr(runner, "decode_batch", decode)
+    assert longbench(model_dir, data_dir, output) == 0
+    assert rows_of(output)[: len(first)] == first
+    sessions = json.loads((output / "run.json").read_text())["sessions"]
+    assert not sessions[0]["finished"] and sessions[1]["units_run"] == 3, "2 tasks x 2 examples, 1 done before"
+
+
+def test_an_eager_prefill_that_would_not_fit_is_a_failed_cell_before_it_runs(monkeypatch):
+    """H2O's eager weights over a long prompt on a machine without the memory: refused with the length and the
+    bytes, before anything is computed."""
+    import psutil
+    import torch
+
+    from evaluation.errors import PressCannotRun
+    from evaluation.generation import generate
+    from evaluation.press_specs import make_press
+    from tests.helpers import tiny_model
+
+    model = tiny_model("llama", "eager")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 10_000})())
+    with pytest.raises(
+        PressCannotRun, match=r"eager attention over 96 tokens needs 294,912 bytes .* and 10,000 are free"
+    ):
+        generate(
+            model,
+            torch.ones(1, 96, dtype=torch.long),
+            torch.ones(1, 2, dtype=torch.long),
+            make_press("h2o", 0.5),
+            4,
+            set(),
+        )

@@ -78,7 +78,7 @@ def reference_smoother(record: dict, interval: int, num_kv_heads: int = 2) -> li
     forward the buffered rows are scored: rows of earlier forwards with their weights; rows of the forward in
     progress, whose predictions come only at its end, as correct until the next scoring settles them. A cache
     over TARGET then keeps its H newest positions and the best TARGET - H others (a newcomer must outrank an
-    incumbent: ties keep the older), unless the forward in progress left several rows unsettled."""
+    incumbent: ties keep the older)."""
     forwards = record["forwards"]
     tokens = [token for forward in forwards for token in forward["tokens"]]
     predictions = {}
@@ -116,7 +116,7 @@ def reference_smoother(record: dict, interval: int, num_kv_heads: int = 2) -> li
                         for k, share in contributions.items():
                             utility[k] += weight(t) * share
                 buffered = []
-                if len(held) > TARGET and len(pending) <= 1:
+                if len(held) > TARGET:
                     ranking = dict(utility)
                     for contributions in pending.values():
                         for k, share in contributions.items():

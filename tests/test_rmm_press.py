@@ -3,6 +3,7 @@ here from the model's own eager attention, and against KVPress's ObservedAttenti
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ from kvpress import (
     StreamingLLMPress,
 )
 from kvpress.utils import compute_n_kept
+from torch import nn
 from transformers import DynamicCache
 
 from evaluation.budgets import Budget
@@ -166,32 +168,39 @@ def test_bfloat16_ranks_in_float32(token_ids):
             assert positions[0].tolist() == reference_kept(score, compute_n_kept(token_ids.shape[1], 0.5))
 
 
-def padded_batch_kept(model, long_ids: torch.Tensor, short_ids: torch.Tensor, press) -> list[torch.Tensor]:
-    """Per layer, the positions the press keeps of a batch [long, short left-padded to the long length]."""
+def padded_batch_kept(
+    model, long_ids: torch.Tensor, short_ids: torch.Tensor, press, generate_positions: bool = False
+) -> list[torch.Tensor]:
+    """Per layer, the positions the press keeps of a batch [long, short left-padded to the long length];
+    ``generate_positions``: position ids as ``generate`` numbers them (each sequence from 0, padding at 1)."""
     pad = long_ids.shape[1] - short_ids.shape[1]
     ids = torch.cat([long_ids, torch.cat([torch.full((1, pad), 2), short_ids], dim=1)])
     mask = torch.ones_like(ids)
     mask[1, :pad] = 0
+    positions = {"position_ids": (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)} if generate_positions else {}
     caches = []
     for active in (None, press):
         cache = DynamicCache()
         with torch.no_grad(), active(model) if active else torch.no_grad():
-            model.model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+            model.model(input_ids=ids, attention_mask=mask, past_key_values=cache, **positions)
         caches.append(cache)
     full, compressed = caches
     return [positions_of(f.keys, c.keys, 1e-4) for f, c in zip(full.layers, compressed.layers, strict=True)]
 
 
+@pytest.mark.parametrize("positions", [False, True], ids=["cache-positions", "generate-positions"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("make", [lambda r: RMMPress(r, lag=4), lambda r: RMMPress(r), lambda r: TOVAPress(r)])
-def test_a_left_padded_batch_keeps_what_the_unpadded_single_runs_keep(attn, make):
+def test_a_left_padded_batch_keeps_what_the_unpadded_single_runs_keep(attn, make, positions):
     model = tiny_model("llama", attn)
     generator = torch.Generator().manual_seed(6)
     long_ids, short_ids = (
         torch.randint(3, 256, (1, 96), generator=generator),
         torch.randint(3, 256, (1, 70), generator=generator),
     )
-    batch = padded_batch_kept(model, long_ids, short_ids, make(0.5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # teacher forcing sees the token ids of a padded batch too
+        batch = padded_batch_kept(model, long_ids, short_ids, make(0.5), positions)
     n_kept = compute_n_kept(96, 0.5)
     alone_long = kept_positions(model, long_ids, make(0.5), atol=1e-4)
     alone_short = kept_positions(model, short_ids, make(Budget("tokens", n_kept).compression_ratio(70)), atol=1e-4)
@@ -302,3 +311,36 @@ def test_teacher_forced_where_the_model_is_hidden_warns_and_keeps_what_uniform_w
 def test_invalid_fields_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RMMPress(**kwargs)
+
+
+def test_without_a_4d_mask_rows_honour_padding_and_sliding_windows_as_the_model_does():
+    """flash_attention_2 hands the layer a 2-D padding mask (or none) and applies the sliding window itself: the
+    recomputed rows then build both from the layer, and equal the eager weights of a sliding-window Qwen2 on a
+    left-padded batch."""
+    from presses.attention import attention_rows
+
+    window = {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0}
+    model = tiny_model("qwen2", "eager", **window)
+    ids = torch.randint(3, 256, (2, 48), generator=torch.Generator().manual_seed(8))
+    padding = torch.ones_like(ids)
+    padding[1, :10] = 0
+    captured = {}
+
+    def capture(module, args, kwargs, output):
+        captured[module.layer_idx] = (kwargs, output[1])
+
+    hooks = [layer.self_attn.register_forward_hook(capture, with_kwargs=True) for layer in model.model.layers]
+    with torch.no_grad():
+        model.model(input_ids=ids, attention_mask=padding, past_key_values=DynamicCache(), use_cache=True)
+    for hook in hooks:
+        hook.remove()
+    for index, layer in enumerate(model.model.layers):
+        kwargs, eager = captured[index]
+        keys = kwargs["past_key_values"].layers[index].keys
+        flash_style = {**kwargs, "attention_mask": padding}  # what flash_attention_2 passes instead of a 4-D mask
+        rows = attention_rows(layer.self_attn, kwargs["hidden_states"], keys, None, flash_style, chunk_size=16)
+        pad = keys.shape[2]
+        recomputed = torch.cat([nn.functional.pad(p, (0, pad - p.shape[-1])) for _, p in rows.chunks], dim=2)
+        assert rows.valid is not None and not rows.valid[1, :10].any() and rows.valid[0].all()
+        real = rows.valid[:, None, :, None]
+        torch.testing.assert_close(recomputed * real, eager.float() * real, atol=1e-5, rtol=0)

@@ -287,3 +287,34 @@ def test_kvpress_presses_stream_on_every_streamed_task(task, extra, tmp_path):
     # the keys each layer and head may attend to, on average: PyramidKV's per-layer budgets round to within one
     assert all(abs(row["kept_tokens"] - min(256, row["history_tokens"])) <= 1 for row in rows)
     assert any(row["history_tokens"] > 256 for row in rows), "the presses evicted"
+
+
+def test_bfloat16_recomputed_attention_keeps_what_float32_logits_of_the_same_tensors_keep(multi_news_contexts):
+    """SmolLM2 in bf16: the chunked recomputation of H2O's sums (``RMMPress(correctness="uniform")``) keeps, in every
+    layer and KV head, what the full float32 attention matrix keeps, computed here from the layer's own bf16 queries
+    and keys."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+    from evaluation.models import load_model
+    from presses.prefix import forward_capturing
+
+    model, tokenizer = load_model(dtype="bfloat16")
+    ids = tokenizer(multi_news_contexts[1], return_tensors="pt").input_ids[:, :512]
+    cache = DynamicCache()
+    with torch.no_grad():
+        _, captured = forward_capturing(model, ids, cache, 0)
+    n_kept = compute_n_kept(ids.shape[1], 0.5)
+    kept = kept_positions(model, ids, RMMPress(compression_ratio=0.5, correctness="uniform"))
+    for index, layer in enumerate(model.model.layers):
+        attention, (hidden, (cos, sin)) = layer.self_attn, captured[index]
+        queries = attention.q_proj(hidden).view(1, ids.shape[1], -1, attention.head_dim).transpose(1, 2)
+        queries, _ = apply_rotary_pos_emb(queries, queries, cos, sin)
+        keys = repeat_kv(cache.layers[index].keys, attention.num_key_value_groups)
+        assert queries.dtype == keys.dtype == torch.bfloat16
+        logits = queries.float() @ keys.float().transpose(2, 3) * attention.scaling
+        causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+        probs = logits.masked_fill(~causal, float("-inf")).softmax(-1)
+        scores = probs.sum(2) / torch.arange(ids.shape[1], 0, -1)
+        scores = scores.view(1, cache.layers[index].keys.shape[1], -1, ids.shape[1]).mean(2)
+        expected = kept_indices(scores, n_kept, keep_older=True)
+        assert torch.equal(kept[index].sort(-1).values, expected), f"layer {index}"

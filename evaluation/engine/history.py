@@ -20,8 +20,8 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel
 
-from evaluation.engine.hooks import Compressed, cache_of, run_hook
-from evaluation.press_needs import ALL, SHARED, needs
+from evaluation.engine.hooks import Compressed, cache_of, no_new_hooks, run_hook
+from evaluation.press_needs import ALL, SHARED, combined, needs
 from presses.attention import attention_rows, group_mean, sliding_window
 from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
 from presses.prefix import forward_capturing
@@ -53,7 +53,7 @@ class History:
             )
         served = [needs(press) for press in presses if press is not None]
         served = [need for need in served if need.path == SHARED]
-        self.rows = ALL if any(need.rows is ALL for need in served) else max((n.rows for n in served), default=0)
+        self.rows = combined([need.rows for need in served])
         self.statistics = sorted({s for need in served for s in need.sums}, key=repr)
         self.model, self.teacher_forced_kinds = model, teacher_forced_kinds
         self.layers = language_model(model).layers
@@ -141,7 +141,7 @@ class History:
             for statistic, sums in self.sums.items():
                 uniform = statistic.correctness == "uniform"
                 add_column_sums(sums[index], probs, rows, statistic.lag, None if uniform else weights[:, rows - start])
-                if not uniform and self._pending_is_forced and int(rows[-1]) == self.length - 1:
+                if not uniform and self._pending_is_forced and start + first + probs.shape[2] == self.length:
                     held = torch.zeros_like(sums[index])
                     add_column_sums(held, probs[:, :, -1:], rows[-1:], statistic.lag, None)
                     self.pending.setdefault(statistic, {})[index] = held
@@ -166,26 +166,29 @@ class History:
         """The press's cache of the whole history (the history's own cache for ``None``, the full cache: callers
         must not extend it), each layer decided by the press's own hook."""
         if press is None or evicts_nothing(press):
-            return Compressed(self.cache, [None] * len(self.layers))
+            return Compressed(self.cache, [None] * len(self.layers), owned=False)
         if not self.can_serve(press):
             raise ValueError(f"{press!r} reads more than this history keeps: give it its own prefill")
         need = needs(press)
-        press.post_init_from_model(self.model)
+        with no_new_hooks(self.model):  # what post_init_from_model hooks on the model (RMM's transcript) goes after
+            press.post_init_from_model(self.model)
+            return Compressed(*self._run_hooks(press, need))
+
+    def _run_hooks(self, press: BasePress, need) -> tuple[DynamicCache, list[torch.Tensor | None]]:
         layers, masks = [], []
         for index, layer in enumerate(self.layers):
             module = layer.self_attn
             module.rotary_emb = language_model(self.model).rotary_emb  # as KVPress's context manager sets it
             sums = {statistic: self.column_sums(statistic, index) for statistic in need.sums}
             keys, values = self.cache.layers[index].keys, self.cache.layers[index].values
-            stand_in = None  # H2O's sums as the eager weights' one-row stand-in, one copy per query head
-            if need.stand_in:
-                stand_in = sums[H2O_SUMS].repeat_interleave(module.config.num_attention_heads // keys.shape[1], 1)[
-                    :, :, None
-                ]
+            weights = None  # H2O's sums as a one-row stand-in for the eager weights, one copy per query head
+            if need.reads_weights:
+                heads = module.config.num_attention_heads // keys.shape[1]
+                weights = sums[H2O_SUMS].repeat_interleave(heads, 1)[:, :, None]
             hidden = self.layer_input(index, need.rows)
             kept_keys, kept_values, mask = run_hook(
-                press, module, keys, values, hidden, self.rotary[index], stand_in, sums
+                press, module, keys, values, hidden, self.rotary[index], weights, sums
             )
             layers.append((kept_keys, kept_values))
             masks.append(mask)
-        return Compressed(cache_of(layers), masks)
+        return cache_of(layers), masks

@@ -9,7 +9,9 @@ head-wise eviction, which KVPress applies during attention) is read back as a ma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 from kvpress.presses.base_press import BasePress
@@ -17,6 +19,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from evaluation.errors import press_refusals
 from presses.column_sums import ColumnSums, provide
 
 MASKED = "masked_key_indices"
@@ -25,16 +28,18 @@ MASKED = "masked_key_indices"
 @dataclass
 class Compressed:
     """A press's cache of one sequence: per layer its keys and values, and ``masks`` (batch, num_kv_heads, length)
-    True where a key stays in memory but no query may attend to it (None: every key is visible)."""
+    True where a key stays in memory but no query may attend to it (None: every key is visible). ``kept_tokens``:
+    the keys a query may attend to, per layer and KV head on average (PyramidKV keeps a different number in each
+    layer, AdaKV in each head), the budget every press is held to. ``owned``: False for a cache someone else still
+    extends (the history's own, as the full cache), which a batch that takes over its caches must copy."""
 
     cache: DynamicCache
     masks: list[torch.Tensor | None]
+    owned: bool = True
+    kept_tokens: int = field(init=False)
 
-    @property
-    def kept_tokens(self) -> int:
-        """The keys a query may attend to, per layer and KV head on average (PyramidKV keeps a different number
-        in each layer, AdaKV in each head): the budget every press is held to."""
-        return kept_tokens(self.cache, self.masks)
+    def __post_init__(self) -> None:
+        self.kept_tokens = kept_tokens(self.cache, self.masks)
 
 
 def kept_tokens(cache: DynamicCache, masks: list[torch.Tensor | None]) -> int:
@@ -43,6 +48,23 @@ def kept_tokens(cache: DynamicCache, masks: list[torch.Tensor | None]) -> int:
         for layer, mask in zip(cache.layers, masks, strict=True)
     ]
     return round(sum(visible) / len(visible))
+
+
+@contextmanager
+def no_new_hooks(model: nn.Module) -> Iterator[None]:
+    """The hooks registered on ``model``'s modules inside the block are removed when it exits."""
+    before = {id(m): (set(m._forward_hooks), set(m._forward_pre_hooks)) for m in model.modules()}
+    try:
+        yield
+    finally:
+        for module in model.modules():
+            hooks, pre_hooks = before.get(id(module), (set(), set()))
+            for key in set(module._forward_hooks) - hooks:
+                del module._forward_hooks[key]
+                module._forward_hooks_with_kwargs.pop(key, None)
+            for key in set(module._forward_pre_hooks) - pre_hooks:
+                del module._forward_pre_hooks[key]
+                module._forward_pre_hooks_with_kwargs.pop(key, None)
 
 
 def cache_of(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
@@ -81,21 +103,21 @@ def run_hook(
     H2O's sums standing in for the eager weights; ``sums``: the column sums handed to presses that read them."""
     length = keys.shape[2]
     positions = torch.arange(length, device=keys.device)
-    stand_in = cache_of([*[(keys, values)] * module.layer_idx, (keys.clone(), values.clone())])
+    layer_cache = cache_of([*[(keys, values)] * module.layer_idx, (keys.clone(), values.clone())])
     kwargs = {
         "hidden_states": hidden_states,
         "attention_mask": None,
         "position_ids": positions[None],
-        "past_key_values": stand_in,
+        "past_key_values": layer_cache,
         "use_cache": True,
         "cache_position": positions,
         "position_embeddings": rotary,
     }
     saved = dict(vars(module))
     try:
-        with provide(module, sums):
+        with provide(module, sums), press_refusals(press):
             press.forward_hook(module, [], kwargs, (None, attentions))
-        layer = stand_in.layers[module.layer_idx]
+        layer = layer_cache.layers[module.layer_idx]
         return layer.keys, layer.values, mask_of(getattr(module, MASKED, None), layer.keys)
     finally:
         for name in set(vars(module)) - set(saved):

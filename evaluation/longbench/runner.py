@@ -21,7 +21,7 @@ from evaluation.backends import LOCAL, Backend, Unit, run_units
 from evaluation.benchmark import Benchmark
 from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.engine.history import History
-from evaluation.errors import EvaluationError
+from evaluation.errors import EvaluationError, PressCannotRun
 from evaluation.generation import decode_batch, eos_ids, generate
 from evaluation.longbench.data import (
     CONFIG_FILES,
@@ -130,16 +130,13 @@ def cell_row(
     }
 
 
-CELL_FAILURES = (AssertionError, ValueError, RuntimeError, IndexError)  # what a press raises on an input it cannot take
-
-
 def failed_row(example: Example, press_name: str, budget: Budget | None, path: str, error: Exception) -> dict:
     """A cell the press could not run on this example (too short for its window, a lag over the budget...):
     stored with its reason, counted in the scorecard, never retried on resume."""
     return {
         **cell_identity(example, press_name, budget),
         "path": path,
-        "error": f"{type(error).__name__}: {error}".splitlines()[0],
+        "error": str(error).splitlines()[0],
         "score": None,
     }
 
@@ -157,12 +154,12 @@ def run_cell(
     """The per-cell reference path: KVPress's prefill under the press (eager where it needs the weights), then
     greedy decoding."""
     press = make_press(press_name, ratio_for(budget, prompt.context_ids.shape[1]))
-    implementation = "eager" if press is not None and needs(press).eager else config.model.attn_implementation
+    implementation = "eager" if press is not None and needs(press).reads_weights else config.model.attn_implementation
     model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
     try:
         generation = generate(model, prompt.context_ids, prompt.question_ids, press, task_config.max_new_tokens, stop)
-    except CELL_FAILURES as error:
+    except PressCannotRun as error:
         return failed_row(example, press_name, budget, "per-cell", error)
     tokens, kept = generation.token_ids, generation.kept_tokens
     return cell_row(config, example, prompt, press_name, budget, tokens, kept, "per-cell", tokenizer, implementation)
@@ -185,19 +182,25 @@ def run_shared(
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
     rows, derived = [], []
-    for (press_name, budget), press in zip(cells, presses, strict=True):
+    for press_name, budget in cells:
+        press = presses.pop(0)  # once its cache is built, nothing it holds is needed while decoding
         try:
             derived.append((press_name, budget, history.compress(press)))
-        except CELL_FAILURES as error:
+        except PressCannotRun as error:
             rows.append(failed_row(example, press_name, budget, "shared", error))
+    length, first_logits = history.length, history.newest_logits
+    for _, _, cache in derived:
+        cache.owned = True  # the history is done with: the batch takes over its cache too (the full-cache cell's)
+    del history
     generated = decode_batch(
         model,
         [cache for _, _, cache in derived],
         prompt.question_ids,
-        history.length,
+        length,
         task_config.max_new_tokens,
         stop_ids(model, tokenizer, example.task),
-        history.newest_logits,
+        first_logits,
+        consume=True,
     )
     return rows + [
         cell_row(
@@ -298,7 +301,7 @@ def run(config: LongBenchConfig, backend: Backend = LOCAL) -> Path:
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [Unit(f"{e.task}/{e.id}", e, frozenset(cell_key((e, *cell)) for cell in press_budgets)) for e in examples]
     work = partial(run_example, config=config, task_configs=task_configs, cells=press_budgets)
-    outcome = run_units(units, work, config.model.load, store, backend, config.model.device)
+    outcome = run_units(units, work, config.model, store, backend)
     write_longbench_scorecard(config.output, store.rows, config.presses, config.budgets)
     record.finish(outcome, backend=backend.kind)
     outcome.raise_failures(backend.retries)

@@ -19,10 +19,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.backends import LOCAL, Backend, Unit, interactive, run_units
 from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.engine.history import History
-from evaluation.errors import EvaluationError
+from evaluation.errors import EvaluationError, PressCannotRun
 from evaluation.generation import decode_batch, eos_ids, generate
 from evaluation.models import ModelSettings, context_length, resolve_model_path
-from evaluation.press_needs import describe, needs
+from evaluation.press_needs import OWN_PREFILL, SHARED, describe, needs
 from evaluation.press_specs import check_presses, make_press
 from evaluation.run_record import RunRecord
 from evaluation.scorecard import scores_frame, summarize, write_scorecard
@@ -104,7 +104,7 @@ class ConversationRun:
                 answer = (
                     self.task.gold_answer(question)
                     if shared
-                    else self.store.get(cell_key(conversation, question, stream))["prediction"]
+                    else self.store.get(cell_key(conversation, question, stream)).get("prediction", "")
                 )
                 self.append_turn(framing, history, messages[stream], question_ids, prompt, answer)
 
@@ -201,33 +201,65 @@ class ConversationRun:
         under itself (``generate``)."""
         ratios = [ratio_for(budget, history.length) for _, budget in cells]
         presses = [make_press(name, ratio) for (name, _), ratio in zip(cells, ratios, strict=True)]
-        shared = [i for i, press in enumerate(presses) if history.can_serve(press)]
-        caches = {i: history.compress(presses[i]) for i in shared}
+        caches, refused = {}, {}
+        for i, press in enumerate(presses):
+            if history.can_serve(press):
+                try:
+                    caches[i] = history.compress(press)
+                except PressCannotRun as error:
+                    refused[i] = error
+                presses[i] = None  # its cache is built: nothing it holds is needed while decoding
         asked = torch.tensor([question_ids])
-        tokens = dict(
-            zip(
-                shared,
-                decode_batch(
-                    self.model, list(caches.values()), asked, history.length, self.config.max_new_tokens, self.stop
-                ),
-                strict=True,
-            )
+        generated = decode_batch(
+            self.model,
+            list(caches.values()),
+            asked,
+            history.length,
+            self.config.max_new_tokens,
+            self.stop,
+            consume=True,
         )
+        tokens = dict(zip(caches, generated, strict=True))
         kept = {i: cache.kept_tokens for i, cache in caches.items()}
         context = torch.tensor([history.token_ids], device=self.model.device)
-        for i in (i for i in range(len(cells)) if i not in caches):
+        for i in (i for i in range(len(cells)) if i not in caches and i not in refused):
             implementation = self.model.config._attn_implementation
-            if needs(presses[i]).eager:
+            if needs(presses[i]).reads_weights:
                 self.model.set_attn_implementation("eager")
             try:
                 generation = generate(self.model, context, asked, presses[i], self.config.max_new_tokens, self.stop)
+                tokens[i], kept[i] = generation.token_ids, generation.kept_tokens
+            except PressCannotRun as error:
+                refused[i] = error
             finally:
                 self.model.set_attn_implementation(implementation)
-            tokens[i], kept[i] = generation.token_ids, generation.kept_tokens
         return [
-            self.row(question, cell, ratios[i], history.length, kept[i], tokens[i], turn, visible, i in caches)
+            self.failed_row(question, cell, turn, visible, history.length, refused[i])
+            if i in refused
+            else self.row(question, cell, ratios[i], history.length, kept[i], tokens[i], turn, visible, i in caches)
             for i, cell in enumerate(cells)
         ]
+
+    def failed_row(
+        self, question: Question, cell: Cell, turn: int, visible: bool, history_tokens: int, error: PressCannotRun
+    ) -> dict:
+        """A cell whose press refused this history: stored with the reason, counted in the scorecard as failed."""
+        press_name, budget = cell
+        return {
+            "conversation": self.conversation.sample_id,
+            "question_index": question.index,
+            "turn": turn,
+            "category": question.category,
+            "press": press_name,
+            "budget": budget_key(budget),
+            "budget_label": budget_label(budget),
+            "history_tokens": history_tokens,
+            "evidence_visible": visible,
+            "placement": self.config.placement,
+            "error": str(error).splitlines()[0],
+            "score": None,
+            **self.task.row_fields(self.conversation, question),
+        }
 
     def row(
         self,
@@ -261,7 +293,7 @@ class ConversationRun:
             "placement": self.config.placement,
             "history_mode": self.config.history,
             "rmm_weights": self.config.rmm_weights,
-            "path": "shared" if shared else "own-prefill",
+            "path": SHARED if shared else OWN_PREFILL,
             "prediction": prediction,
             "scored_prediction": scored,
             "score": score,
@@ -354,14 +386,7 @@ def run(config: StreamConfig, backend: Backend = LOCAL) -> Path:
         Unit(c.sample_id, c, frozenset(cell_key(c, q, cell) for q in asked_questions(c, config) for cell in cells))
         for c in conversations
     ]
-    outcome = run_units(
-        units,
-        partial(run_conversation, config=config, cells=cells),
-        config.model.load,
-        store,
-        backend,
-        config.model.device,
-    )
+    outcome = run_units(units, partial(run_conversation, config=config, cells=cells), config.model, store, backend)
     write_stream_scorecard(stream_task(config.task), config.output, store.rows, config.presses, config.budgets)
     record.finish(outcome, backend=backend.kind)
     outcome.raise_failures(backend.retries)
@@ -379,7 +404,7 @@ def evictions(rows: list[dict]) -> str:
     """At each budget, for how many questions the history was longer than the budget (so the presses evicted)."""
     over: dict[str, dict[tuple[str, int], bool]] = {}
     for row in rows:
-        if row["press"] != "full":
+        if row["press"] != "full" and not row.get("error"):
             key = (row["conversation"], row["question_index"])
             over.setdefault(row["budget_label"], {})[key] = row["history_tokens"] > row["kept_tokens"]
     counts = ", ".join(f"{sum(seen.values())} of {len(seen)} at {label}" for label, seen in over.items())

@@ -94,7 +94,7 @@ class PressPolicy(Policy):
         n, groups = t + 1, trace.groups
         layer = SimpleNamespace(config=SimpleNamespace(num_attention_heads=groups))
         keys = torch.zeros(1, groups, n, 1)
-        if needs(self.press).stand_in:
+        if needs(self.press).reads_weights:
             attentions = trace.cumulative[None, :, t : t + 1, :n]
         else:
             attentions = trace.rows[None, :, :n, :n]

@@ -163,9 +163,7 @@ def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
     record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record(), protocol=PROTOCOL)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [Unit(spec, spec, unit_keys(config, spec)) for spec in config.texts]
-    outcome = run_units(
-        units, partial(run_trace, config=config), config.model.load, store, backend, config.model.device
-    )
+    outcome = run_units(units, partial(run_trace, config=config), config.model, store, backend)
     write_traces_scorecard(config.output, store.rows, config.budgets, config.h2o_window)
     record.finish(outcome, backend=backend.kind)
     outcome.raise_failures(backend.retries)

@@ -1,0 +1,100 @@
+"""Peak memory of LongBench's shared path at 8k tokens, as a multiple of the KV cache, this checkout against another
+commit in the same run.
+
+One SmolLM2 prompt of 8,192 - 64 tokens (multi_news contexts joined, middle-truncated as the official pred.py
+does) through ``run_shared`` with the 13 cells of the committed grid (the full cache, and snapkv, h2o,
+streaming_llm, tova, rmm, rmm(lag=64) at keep 50% and 25%), 8 answer tokens each. Each tree runs in a fresh
+process (peak RSS is a per-process figure): the growth of its peak RSS during ``run_shared`` over the bytes of the
+full KV cache, the two trees interleaved ``--repeats`` times. The reference tree is a temporary git worktree of
+``--reference`` (default: the commit before the engine ran each press's own hook). Writes
+``results/bench/memory.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESSES = ["full", "snapkv", "h2o", "streaming_llm", "tova", "rmm", "rmm(lag=64)"]
+CHILD = """
+import dataclasses, json, resource, sys, tempfile
+from pathlib import Path
+import torch
+from evaluation.backends import quiet_libraries
+from evaluation.budgets import Budget, press_cells
+from evaluation.longbench.data import load_configs, load_task
+from evaluation.longbench.prompts import build_prompt
+from evaluation.longbench.runner import LongBenchConfig, run_shared
+from evaluation.models import ModelSettings
+
+quiet_libraries()
+data, length, presses = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+model, tokenizer = ModelSettings().load()
+task = dataclasses.replace(load_configs(data, ["multi_news"])["multi_news"], max_new_tokens=8)
+examples = load_task(data, "multi_news", None)
+example = dataclasses.replace(examples[0], context="\\n\\n".join(e.context for e in examples[:12]))
+prompt = build_prompt(example, task, tokenizer, length, query_aware=False)
+budgets = [Budget("ratio", 0.5), Budget("ratio", 0.75)]
+output = Path(tempfile.mkdtemp())
+config = LongBenchConfig(ModelSettings(), ["multi_news"], presses, budgets, 1, False, str(data), output)
+cells = press_cells(presses, budgets, "")
+layers, heads, dim = model.config.num_hidden_layers, model.config.num_key_value_heads, model.config.head_dim
+kv = 2 * layers * heads * dim * prompt.context_ids.shape[1] * 4
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+with torch.no_grad():
+    rows = run_shared(model, tokenizer, config, task, example, prompt, cells)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"context_tokens": prompt.context_ids.shape[1], "cells": len(rows), "kv_cache_bytes": kv,
+                  "peak_growth_bytes": after - before, "peak_over_kv_cache": (after - before) / kv}))
+"""
+
+
+def measure(tree: Path, args: argparse.Namespace) -> dict:
+    command = [sys.executable, "-c", CHILD, str(args.data), str(args.length), json.dumps(PRESSES)]
+    environment = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(command, cwd=tree, env=environment, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{tree}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reference", default="003305c", help="the commit to compare with (default 003305c)")
+    parser.add_argument("--length", type=int, default=8192 - 64, help="prompt tokens (default 8128)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/longbench")
+    parser.add_argument("--output", type=Path, default=ROOT / "results/bench/memory.json")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        reference = Path(scratch) / "reference"
+        subprocess.run(["git", "worktree", "add", "--detach", str(reference), args.reference], cwd=ROOT, check=True)
+        try:
+            runs: dict[str, list[dict]] = {"this checkout": [], f"reference {args.reference}": []}
+            for _ in range(args.repeats):
+                for name, tree in zip(runs, (ROOT, reference), strict=True):
+                    runs[name].append(measure(tree, args))
+                    print(name, runs[name][-1], flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(reference)], cwd=ROOT, check=True)
+    report = {
+        "presses": PRESSES,
+        "runs": runs,
+        "median_peak_over_kv_cache": {
+            name: statistics.median(run["peak_over_kv_cache"] for run in values) for name, values in runs.items()
+        },
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["median_peak_over_kv_cache"]))
+
+
+if __name__ == "__main__":
+    main()
