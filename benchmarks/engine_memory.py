@@ -15,6 +15,8 @@ import json
 import time
 from pathlib import Path
 
+from evaluation.local_data import shared_data
+
 ROOT = Path(__file__).resolve().parents[1]
 PRESS_SETS = {
     "default": ["snapkv", "h2o", "streaming_llm", "tova", "rmm", "rmm(lag=64)"],
@@ -64,7 +66,7 @@ def measure(model, ids, presses: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--length", type=int, default=8192)
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "longbench" / "multi_news.jsonl")
+    parser.add_argument("--data", type=Path, default=shared_data() / "longbench" / "multi_news.jsonl")
     parser.add_argument("--output", type=Path, default=ROOT / "results" / "bench" / "engine_memory.json")
     args = parser.parse_args()
 

@@ -23,13 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from evaluation.local_data import shared_data
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=2, help="multi_news examples (default 2)")
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/longbench")
+    parser.add_argument("--data", type=Path, default=shared_data() / "longbench")
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/grid.json")
     parser.add_argument("--ray-n", type=int, default=2, help="examples in the Ray rows (0: skip them)")
     parser.add_argument("--ray-max-length", type=int, default=2048)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from evaluation.local_data import shared_data
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -157,8 +159,8 @@ def _copy(cache):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--locomo", type=Path, default=ROOT.parent / "shared/data/locomo/locomo10.json")
-    parser.add_argument("--longbench", type=Path, default=ROOT.parent / "shared/data/longbench")
+    parser.add_argument("--locomo", type=Path, default=shared_data() / "locomo" / "locomo10.json")
+    parser.add_argument("--longbench", type=Path, default=shared_data() / "longbench")
     parser.add_argument("--conversation", default="conv-26")
     parser.add_argument("--questions", type=int, default=20)
     parser.add_argument("--history-tokens", type=int, default=6000)

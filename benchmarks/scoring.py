@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from evaluation.local_data import shared_data
+
 ROOT = Path(__file__).resolve().parents[1]
 CHUNKED = "rmm(correctness='uniform')"
 MODES = ("sdpa", "h2o", CHUNKED, "rmm(correctness='uniform',fused_attention=True)")
@@ -90,7 +92,7 @@ def main() -> None:
     parser.add_argument("--lengths", nargs="+", type=int, default=[2048, 4096, 8192])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--long", type=int, default=16384, help=f"one {CHUNKED} run at this length (0: none)")
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/longbench/multi_news.jsonl")
+    parser.add_argument("--data", type=Path, default=shared_data() / "longbench" / "multi_news.jsonl")
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/scoring.json")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()

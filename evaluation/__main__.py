@@ -1,5 +1,15 @@
 import sys
+from importlib.util import find_spec
 
-from evaluation.cli import main
+HARNESS_MODULES = ("gguf", "tqdm", "rouge", "rapidfuzz", "nltk", "matplotlib", "yaml")
+
+missing = [name for name in HARNESS_MODULES if find_spec(name) is None]
+if missing:
+    sys.exit(
+        f"error: the evaluation harness needs {', '.join(missing)}: install its extra, "
+        "pip install 'kv-eviction-toolkit[eval]' (make setup does)"
+    )
+
+from evaluation.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from evaluation.errors import EvaluationError
+from evaluation.errors import EvaluationError, refused_write
 from evaluation.store import MemoryStore, ResultStore
 
 if TYPE_CHECKING:
@@ -112,8 +112,13 @@ def timed(work: Work, loaded: Any, unit: Unit, store: ResultStore) -> float:
     start = time.perf_counter()
     try:
         work(loaded, unit, store)
+        check_complete(unit, store)
     except EvaluationError:
         raise
+    except OSError as error:
+        if refused_write(error) is None:
+            raise
+        raise EvaluationError(f"the run stopped in {unit.name}: {refused_write(error)}") from error
     except Exception as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
         hint = " (fewer presses or budgets per run, shorter inputs, or more memory)" if is_out_of_memory(error) else ""
@@ -122,6 +127,16 @@ def timed(work: Work, loaded: Any, unit: Unit, store: ResultStore) -> float:
             "the cause is fixed, the same command resumes."
         ) from error
     return round(time.perf_counter() - start, 2)
+
+
+def check_complete(unit: Unit, store: ResultStore) -> None:
+    """A unit that returned without every result it promised stops the run (a rerun would stream it again forever)."""
+    missing = [key for key in unit.keys if key not in store]
+    if missing:
+        raise EvaluationError(
+            f"{unit.name} finished without {len(missing)} of its {len(unit.keys)} results (the first: "
+            f"{sorted(map(str, missing))[0]}): a bug or data the run cannot reach; report it with the data file"
+        )
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -158,11 +173,36 @@ def worker_options(model: ModelSettings, resources: dict, workers: int | None) -
     return count, {"num_gpus": 1 if gpu else 0, "num_cpus": max(1, int(resources.get("CPU", 1)) // count)}
 
 
+def check_ray_address(address: str | None, seconds: float = 10.0) -> None:
+    """A ``host:port`` address (or ``ray://host:port``) that does not accept a connection within ``seconds`` is an
+    error, instead of Ray's retries without end."""
+    import socket
+
+    if address is None or address == "auto" or ":" not in address:
+        return
+    host, _, port = address.split("://")[-1].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=seconds):
+            pass
+    except (OSError, ValueError) as error:
+        raise EvaluationError(
+            f"--ray-address {address} does not answer within {seconds:g} s ({error}): give the address of a running "
+            "cluster (ray start --head prints it) or leave --ray-address out to start a local instance"
+        ) from None
+
+
 def run_on_ray(units: list[Unit], work: Work, model: ModelSettings, store: ResultStore, backend: Backend) -> Outcome:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=backend.address, include_dashboard=False, log_to_driver=False)
+        check_ray_address(backend.address)
+        try:
+            ray.init(address=backend.address, include_dashboard=False, log_to_driver=False)
+        except ConnectionError as error:
+            raise EvaluationError(
+                f"--ray-address {backend.address}: no Ray cluster answers ({str(error).splitlines()[0]}); start one "
+                "(ray start --head) or leave --ray-address out to start a local instance"
+            ) from None
     workers, options = worker_options(model, ray.cluster_resources(), backend.workers)
     actor = ray.remote(**options)(RayWorker)
     load = model.on_worker().load

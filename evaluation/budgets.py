@@ -39,8 +39,27 @@ class Budget:
         return max(0.0, 1 - (self.value + 0.5) / length) if self.value < length else 0.0
 
 
+Cell = tuple[str, Budget | None]  # a press name and its budget (None for the full cache)
+
+
+def check_token_budgets(cells: list[Cell]) -> None:
+    """A press that cannot keep a cell's token budget at all is refused before any work (ratio budgets depend on
+    each context's length: such a cell is recorded as failed)."""
+    from evaluation.press_needs import budget_refusal
+    from evaluation.press_specs import make_press
+
+    for spec, budget in cells:
+        if budget is not None and budget.kind == "tokens":
+            press = make_press(spec, 0.5)
+            reason = budget_refusal(press, int(budget.value)) if press is not None else ""
+            if reason:
+                raise EvaluationError(f"press spec {spec!r} at a budget of {budget.label}: {reason}")
+
+
 def parse_budgets(ratios: list[float] | None, tokens: list[int] | None) -> list[Budget]:
-    return [Budget("ratio", r) for r in ratios or []] + [Budget("tokens", t) for t in tokens or []]
+    """The budgets asked for, each once, in the order given."""
+    budgets = [Budget("ratio", r) for r in ratios or []] + [Budget("tokens", t) for t in tokens or []]
+    return list(dict.fromkeys(budgets))
 
 
 def budget_key(budget: Budget | None) -> str:
@@ -48,8 +67,15 @@ def budget_key(budget: Budget | None) -> str:
     return budget.key if budget else FULL_CACHE
 
 
-def budget_label(budget: Budget | None) -> str:
+def budget_label(budget: Budget | None, length: int | None = None) -> str:
+    """A budget's name in tables; a token budget at or above the ``length`` of a row's context compresses nothing,
+    and says so."""
+    if budget is not None and budget.kind == "tokens" and length is not None and budget.value >= length:
+        return budget.label + OVER_THE_CONTEXT
     return budget.label if budget else FULL_CACHE
+
+
+OVER_THE_CONTEXT = " (>= the context: the full cache)"
 
 
 def ratio_for(budget: Budget | None, length: int) -> float:
@@ -57,12 +83,12 @@ def ratio_for(budget: Budget | None, length: int) -> float:
     return budget.compression_ratio(length) if budget else 0.0
 
 
-Cell = tuple[str, Budget | None]  # a press name and its budget (None for the full cache)
-
-
 def press_cells(presses: list[str], budgets: list[Budget], budget_options: str) -> list[Cell]:
-    """The full cache once (if asked for), then every other press at every budget."""
+    """The full cache once (if asked for), then every other press at every budget, each cell once."""
+    presses, budgets = list(dict.fromkeys(presses)), list(dict.fromkeys(budgets))
     if not budgets and any(press != FULL_CACHE for press in presses):
         raise EvaluationError(f"no budget: give at least one {budget_options} value")
     full = [(FULL_CACHE, None)] if FULL_CACHE in presses else []
-    return full + [(press, budget) for press in presses if press != FULL_CACHE for budget in budgets]
+    cells = full + [(press, budget) for press in presses if press != FULL_CACHE for budget in budgets]
+    check_token_budgets(cells)
+    return cells

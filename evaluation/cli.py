@@ -1,8 +1,8 @@
 """The command line: ``python -m evaluation longbench | locomo | traces | scorecard | score``.
 
 Settings are layered as KVPress's evaluation layers them: each option's default < a YAML file given with
-``--config`` (keys are the option names with underscores) < the command line. Every number is range-checked
-here, before any data or model is loaded.
+``--config`` (``evaluation.config_file``: the same flags' types check it) < the command line. Every number is
+range-checked here, before any data or model is loaded.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evaluation.arguments import fraction, probability, whole
-from evaluation.errors import EvaluationError
+from evaluation.config_file import with_config
+from evaluation.errors import EvaluationError, refused_write
 from evaluation.models import SMOLLM2_ALIAS
 from evaluation.press_specs import DEFAULT_PRESSES, canonical
 from evaluation.streaming.task import StreamTask, tasks
@@ -192,32 +193,6 @@ def add_scorecard(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=SEED, help=f"bootstrap seed ({SEED})")
 
 
-def with_config(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """Parse ``argv``; option values from ``--config`` replace the defaults, the command line replaces both."""
-    command = next((arg for arg in argv if not arg.startswith("-")), None)
-    args = parser.parse_args(argv)
-    path = getattr(args, "config", None)
-    if path is None:
-        return args
-    import yaml
-
-    try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise EvaluationError(f"--config {path}: not a readable YAML file ({error})") from error
-    subparser = parser._subparsers._group_actions[0].choices[command]
-    known = {action.dest for action in subparser._actions} - {"help", "config"}
-    unknown = sorted(set(values) - known) if isinstance(values, dict) else ["(not a mapping)"]
-    if unknown:
-        raise EvaluationError(f"--config {path}: unknown key(s) {unknown}; known: {', '.join(sorted(known))}")
-    for action in subparser._actions:
-        if action.dest in values and action.type is not None:
-            raw = values[action.dest]
-            values[action.dest] = [action.type(str(v)) for v in raw] if isinstance(raw, list) else action.type(str(raw))
-    subparser.set_defaults(**values)
-    return parser.parse_args(argv)
-
-
 def run_protocol(args: argparse.Namespace) -> Path:
     """A protocol run (or its dry run) from parsed options."""
     from evaluation.budgets import parse_budgets
@@ -289,14 +264,15 @@ def backend_of(args: argparse.Namespace):
 
 
 def run_scorecard(args: argparse.Namespace) -> Path:
-    from evaluation.comparison import load_run, write_combined
+    from evaluation.comparison import load_runs, write_combined
 
-    write_combined(args.output, [load_run(run) for run in args.runs], args.reference, args.resamples, args.seed)
+    runs, partial = load_runs(args.runs)
+    write_combined(args.output, runs, args.reference, args.resamples, args.seed, partial)
     return args.output
 
 
 def parser_for_every_command() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__, allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_longbench(subparsers)
     for task in tasks().values():
@@ -304,6 +280,8 @@ def parser_for_every_command() -> argparse.ArgumentParser:
     add_traces(subparsers)
     add_scorecard(subparsers)
     add_score(subparsers)
+    for subparser in subparsers.choices.values():
+        subparser.allow_abbrev = False  # --pres is not --presses
     return parser
 
 
@@ -329,7 +307,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             output = run_protocol(args)
             if not args.dry_run:
                 print(f"scorecard: {output / 'scorecard.md'}")
-    except EvaluationError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except EvaluationError as error:  # one line, whatever a message quotes (an inner error's text may hold several)
+        print(f"error: {'; '.join(line.strip() for line in str(error).splitlines() if line.strip())}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        if refused_write(error) is None:
+            raise
+        print(f"error: {refused_write(error)}", file=sys.stderr)
         return 2
     return 0

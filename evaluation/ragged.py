@@ -170,7 +170,8 @@ class RaggedCache(Cache):
     def from_caches(cls, caches: list[Compressed], room: int, consume: bool = False) -> RaggedCache:
         """Batch row i holds ``caches[i]``; ``room``: the positions decoding is expected to add. The caches are
         copied into the batch's buffers and otherwise left as they are; with ``consume``, each layer of the caches
-        it owns is released once copied, so the batch never holds a second copy of them."""
+        it owns is released once copied (replaced by an empty tensor: a view would keep its storage alive), so the
+        batch never holds a second copy of them."""
         layers = []
         for layer in range(len(caches[0].masks)):
             entries = [cache.cache.layers[layer] for cache in caches]
@@ -179,7 +180,7 @@ class RaggedCache(Cache):
             if consume:
                 for cache, entry in zip(caches, entries, strict=True):
                     if cache.owned:
-                        entry.keys, entry.values = entry.keys[:, :, :0], entry.values[:, :, :0]
+                        entry.keys, entry.values = entry.keys[:, :, :0].clone(), entry.values[:, :, :0].clone()
         return cls(layers=layers)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -24,23 +25,33 @@ def rescore(benchmark: str, path: Path, per_row: bool) -> dict:
         raise EvaluationError(f"{path}: every line needs the fields {list(COLUMNS[benchmark])} (missing {missing})")
     if benchmark == "longbench":
         classes = frame["all_classes"] if "all_classes" in frame else pd.Series([None] * len(frame))
-        frame["score"] = [
-            sample_score(task, prediction, answers, all_classes)
-            for task, prediction, answers, all_classes in zip(
-                frame["task"], frame["prediction"], frame["answers"], classes, strict=True
-            )
-        ]
+        empty = next((line for line, answers in enumerate(frame["answers"], 1) if not answers), None)
+        if empty is not None:
+            raise EvaluationError(f"{path}: line {empty}: an empty answers list would score 0; give the gold answers")
+        rows = zip(frame["task"], frame["prediction"], frame["answers"], classes, strict=True)
+        frame["score"] = [scored(path, line, sample_score, *row) for line, row in enumerate(rows, 1)]
         result = frame.groupby("task", sort=False)["score"].agg(task_score).to_dict()
     else:
-        frame["category"] = frame["category"].astype(int)
-        frame["score"] = [
-            score(category, prediction, answer)
-            for category, prediction, answer in zip(
-                frame["category"], frame["prediction"], frame["answer"], strict=True
-            )
-        ]
+        frame["category"] = [category_of(path, line, c) for line, c in enumerate(frame["category"], 1)]
+        rows = zip(frame["category"], frame["prediction"], frame["answer"], strict=True)
+        frame["score"] = [scored(path, line, score, *row) for line, row in enumerate(rows, 1)]
         result = {str(key): value for key, value in frame.groupby("category")["score"].mean().items()}
         result["overall"] = float(frame["score"].mean())
     if per_row:
         result["rows"] = frame["score"].tolist()
     return result
+
+
+def scored(path: Path, line: int, metric: Callable[..., float], *row: object) -> float:
+    """One line's score; a value the metric refuses (an unknown task or category) is an error naming the line."""
+    try:
+        return metric(*row)
+    except (ValueError, KeyError, TypeError) as error:
+        raise EvaluationError(f"{path}: line {line}: {str(error).strip(chr(34) + chr(39))}") from None
+
+
+def category_of(path: Path, line: int, category: object) -> int:
+    try:
+        return int(category)
+    except (TypeError, ValueError):
+        raise EvaluationError(f"{path}: line {line}: category {category!r} is not LoCoMo's 1 to 5") from None

@@ -75,7 +75,7 @@ class RunRecord:
             raise EvaluationError(
                 f"another run is writing to {output} right now: wait for it to finish or pass another --output"
             ) from error
-        self.record = json.loads(self.path.read_text()) if self.path.exists() else {"config": config, "sessions": []}
+        self.record = read_record(self.path) if self.path.exists() else {"config": config, "sessions": []}
         stored = {**(defaults or {}), **self.record["config"]}  # a setting recorded before it existed: its default
         changed = {key: (stored.get(key), config.get(key)) for key in defining}
         changed = {key: pair for key, pair in changed.items() if pair[0] != pair[1]}
@@ -89,6 +89,7 @@ class RunRecord:
         self.session = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
             "finished": False,
+            "config": config,  # each session's own grid: a resume may ask for a part of what the folder holds
             "versions": package_versions(),
             "git_commit": git_commit(),
         }
@@ -113,3 +114,20 @@ class RunRecord:
         self.record["total_wall_seconds"] = round(sum(s.get("wall_seconds", 0) for s in self.record["sessions"]), 1)
         self.write()
         self.lock.close()
+
+
+def read_record(path: Path) -> dict:
+    """A folder's run.json; a damaged one is an error that says what to do (the predictions are kept)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        reason = "" if isinstance(record, dict) and isinstance(record.get("config"), dict) else "no settings"
+        if not reason and not isinstance(record.get("sessions"), list):
+            reason = "no sessions"
+    except (OSError, ValueError) as error:
+        reason = str(error).splitlines()[0]
+    if reason:
+        raise EvaluationError(
+            f"{path} is damaged ({reason}), so the settings of the finished cells are unknown: restore it from a "
+            "copy, or run into a new --output"
+        )
+    return record

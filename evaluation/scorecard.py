@@ -117,13 +117,14 @@ def write_scorecard(
     budgets: list[str] | None = None,
 ) -> None:
     """``scorecard.csv`` (long form), ``scorecard.md`` (conditions x budgets by press, then the differences
-    against the reference with wins / ties / losses), ``scorecard.png`` (absolute scores) and ``forest.png``."""
+    against the reference with wins / ties / losses), ``scorecard.png`` (absolute scores) and ``forest.png``. Every
+    press and budget of ``summary`` is in each: ``presses`` and ``budgets`` (a run's asked grid) come first."""
     output.mkdir(parents=True, exist_ok=True)
     columns = ["condition", "budget", "press", "mean", "low", "high", "n", "failed"]
     columns += ["diff", "diff_low", "diff_high", "verdict"]
     summary[columns].to_csv(output / "scorecard.csv", index=False)
-    presses = presses or list(dict.fromkeys(summary["press"]))
-    budgets = budgets or [b for b in dict.fromkeys(summary["budget"]) if b != FULL_CACHE]
+    presses = list(dict.fromkeys([*(presses or []), *summary["press"]]))  # the asked ones first, then any stored
+    budgets = [b for b in dict.fromkeys([*(budgets or []), *summary["budget"]]) if b != FULL_CACHE]
     table = summary.assign(text=summary.apply(cell_text, axis=1))
     full = table[table["press"] == FULL_CACHE].set_index("condition")["text"]
     rows = []

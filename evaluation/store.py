@@ -17,6 +17,9 @@ from evaluation.errors import EvaluationError
 logger = logging.getLogger(__name__)
 
 
+DAMAGED = "the folder was edited or damaged: remove that line, or the file, to run those cells again"
+
+
 class ResultStore:
     """The rows of ``path``, indexed by ``key(row)``, with ``append`` for new ones."""
 
@@ -34,13 +37,21 @@ class ResultStore:
             logger.warning("%s: dropping an incomplete last line left by an interrupted run", self.path)
             with self.path.open("r+b") as handle:
                 handle.truncate(len(complete))
-        for line_number, line in enumerate(complete.decode("utf-8").splitlines(), start=1):
+        for line_number, raw in enumerate(complete.splitlines(), start=1):
+            where = f"{self.path}:{line_number}"
             try:
-                row = json.loads(line)
+                row = json.loads(raw.decode("utf-8"))
+                key = self.key(row)
+            except UnicodeDecodeError as error:
+                raise EvaluationError(f"{where}: not UTF-8 text ({error.reason}); {DAMAGED}") from error
             except json.JSONDecodeError as error:
-                raise EvaluationError(f"{self.path}:{line_number}: malformed result line ({error.msg})") from error
+                raise EvaluationError(f"{where}: malformed result line ({error.msg}); {DAMAGED}") from error
+            except (KeyError, TypeError, AttributeError) as error:
+                raise EvaluationError(f"{where}: a JSON line, not a result row (no {error}); {DAMAGED}") from None
+            if key in self.by_key:
+                raise EvaluationError(f"{where}: a second result for {key}; {DAMAGED}")
             self.rows.append(row)
-            self.by_key[self.key(row)] = row
+            self.by_key[key] = row
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.by_key
@@ -66,10 +77,12 @@ def read_rows(path: Path) -> list[dict]:
     if not path.is_file():
         raise EvaluationError(f"{path} not found")
     rows = []
-    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
+    for line_number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        if raw.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append(json.loads(raw.decode("utf-8")))
+            except UnicodeDecodeError as error:
+                raise EvaluationError(f"{path}:{line_number}: not UTF-8 text ({error.reason})") from error
             except json.JSONDecodeError as error:
                 raise EvaluationError(f"{path}:{line_number}: malformed JSON line ({error.msg})") from error
     return rows

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 from kvpress import KnormPress
@@ -21,7 +19,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-SHARED_DATA = Path(os.environ.get("KVET_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from evaluation.local_data import shared_data
+
+SHARED_DATA = shared_data()
 TINY = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),

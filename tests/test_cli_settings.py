@@ -97,7 +97,7 @@ def test_a_config_file_sits_between_the_defaults_and_the_command_line(model_dir,
     assert "2 examples (hotpotqa) x 1 cells" in capsys.readouterr().out
     config.write_text("nn: 3\n")
     assert main(["longbench", "--config", str(config), "--dry-run"]) == 2
-    assert "unknown key(s) ['nn']" in capsys.readouterr().err
+    assert "unknown key 'nn'; did you mean --n?" in capsys.readouterr().err
 
 
 def test_a_dry_run_loads_no_model(data_dir, tmp_path, capsys):  # noqa: F811

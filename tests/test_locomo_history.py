@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from evaluation.budgets import Budget
+from evaluation.engine import history as history_module
 from evaluation.engine.history import History
 from evaluation.generation import decode
 from evaluation.press_specs import DEFAULT_PRESSES, make_press
+from presses.prefix import forward_capturing
 from tests.helpers import history_kept, implementation, kept_positions, prefill, tiny_model
 
 TURNS = [("question", 9), ("answer", 5), ("question", 7), ("answer", 6), ("question", 8), ("answer", 4)]
@@ -89,3 +91,33 @@ def test_every_row_teacher_forced_including_rows_at_chunk_boundaries():
     kept = history_kept(history, make_press("rmm", ratio))
     for ours, theirs in zip(kept, kept_positions(model, ids, naive_press), strict=True):
         assert torch.equal(ours.sort(-1).values, theirs.sort(-1).values)
+
+
+def test_a_long_extend_runs_in_bounded_forwards_and_keeps_what_one_forward_keeps(monkeypatch):
+    """The layer inputs a forward captures are bounded by ``EXTEND_CHUNK`` tokens; the pieces' weights and sums
+    equal one forward's."""
+    monkeypatch.setattr(history_module, "EXTEND_CHUNK", 32)
+    lengths = []
+
+    def counted(model, ids, cache, start):
+        lengths.append(ids.shape[1])
+        return forward_capturing(model, ids, cache, start)
+
+    monkeypatch.setattr(history_module, "forward_capturing", counted)
+    model = tiny_model("llama", "eager")
+    presses = [make_press("rmm", 0.5), make_press("h2o", 0.5)]
+    history = History(model, teacher_forced_kinds=frozenset({"context"}), presses=presses)
+    history.extend(torch.randint(3, 256, (120,), generator=torch.Generator().manual_seed(5)).tolist(), "context")
+    assert lengths == [32, 32, 32, 24]
+    ids = torch.tensor([history.token_ids])
+    with torch.no_grad():
+        predicted = model(input_ids=ids).logits.argmax(-1)[0]
+    expected = torch.cat([(predicted[:-1] == ids[0, 1:]).float(), torch.ones(1)])
+    assert history.weights == expected.tolist()
+    ratio = Budget("tokens", 40).compression_ratio(history.length)
+    rmm = make_press("rmm", ratio)
+    rmm.correctness = expected.unsqueeze(0)
+    for name, naive_press in [("rmm", rmm), ("h2o", make_press("h2o", ratio))]:
+        kept = history_kept(history, make_press(name, ratio))
+        for ours, theirs in zip(kept, kept_positions(model, ids, naive_press), strict=True):
+            assert torch.equal(ours.sort(-1).values, theirs.sort(-1).values), name

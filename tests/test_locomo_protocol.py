@@ -11,6 +11,7 @@ from evaluation.cli import main
 from evaluation.locomo.data import parse_conversation
 from evaluation.locomo.render import choice_options, question_prompt, render_conversation, resolve_choice
 from evaluation.metrics.locomo import multi_hop_f1, normalize_answer, score, stemmed_f1
+from evaluation.streaming.episodes import Question
 from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
 
 CONVERSATION = {
@@ -41,8 +42,7 @@ CONVERSATION = {
 
 def test_evidence_sessions_read_the_variants_in_locomo10():
     def sessions(evidence: list[str]) -> set[int]:
-        question = {"question": "?", "answer": "a", "evidence": evidence, "category": 1}
-        return parse_conversation({**CONVERSATION, "qa": [question]}).questions[0].evidence_sessions
+        return Question(0, "?", "a", evidence, 1, None).evidence_sessions
 
     assert sessions(["D1:14", "D:11:26", "D20:21"]) == {1, 11, 20}  # conv-43, question 18
     assert sessions(["D9:1 D4:4 D4:6"]) == {4, 9}  # conv-49, question 31
@@ -283,7 +283,8 @@ def test_any_kvpress_press_streams_and_one_on_its_own_prefill_re_prefills_each_q
     runs, and run.json records how each press went."""
     output = tmp_path / "any"
     own = "tests.helpers:OwnPrefillKnorm"
-    presses = ("--presses", "knorm", own, "adakv(snapkv(window_size=4))", "pyramidkv(window_size=4)")
+    decoding = "decoding(knorm,compression_interval=2)"
+    presses = ("--presses", "knorm", own, "adakv(snapkv(window_size=4))", "pyramidkv(window_size=4)", decoding)
     assert locomo(model_dir, data_file, output, *presses) == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     assert {r["press"]: r["path"] for r in rows} == {
@@ -291,21 +292,27 @@ def test_any_kvpress_press_streams_and_one_on_its_own_prefill_re_prefills_each_q
         own: "own-prefill",
         "adakv(snapkv(window_size=4))": "shared",
         "pyramidkv(window_size=4)": "shared",
+        decoding: "decoding",
     }
     by_press = {press: [r["prediction"] for r in rows if r["press"] == press] for press in ("knorm", own)}
     assert by_press["knorm"] == by_press[own]
-    assert all(r["kept_tokens"] == 200 for r in rows), "AdaKV masks what it evicts: 200 keys visible per head"
+    prefill = [r for r in rows if r["press"] != decoding]
+    assert all(r["kept_tokens"] == 200 for r in prefill), "AdaKV masks what it evicts: 200 keys visible per head"
+    assert all(r["kept_tokens"] == r["history_tokens"] for r in rows if r["press"] == decoding), "prefilled whole"
     paths = json.loads((output / "run.json").read_text())["config"]["paths"]
     assert paths[own] == "its own prefill" and paths["knorm"].startswith("shared prefill")
+    assert paths[decoding] == "compresses while decoding"
 
 
 def test_a_press_that_refuses_the_history_is_a_failed_cell_and_the_stream_goes_on(model_dir, data_file, tmp_path):
-    """RMM with a lag the budget cannot hold refuses every question: failed rows with the press's reason; the
-    other presses answer."""
+    """SnapKV with a window longer than the history refuses every question: failed rows with the press's reason;
+    the other presses answer. (A refusal known before the model loads, such as RMM with a lag the token budget
+    cannot hold, is an error instead: tests/test_bad_input.py.)"""
     output = tmp_path / "refused"
-    assert locomo(model_dir, data_file, output, "--presses", "full", "rmm(lag=250)", "h2o") == 0
+    wide = "snapkv(window_size=5000)"
+    assert locomo(model_dir, data_file, output, "--presses", "full", wide, "h2o") == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
-    failed = [r for r in rows if r["press"] == "rmm(lag=250)"]
-    assert len(failed) == 4 and all("RMMPress: RMMPress(lag=250) keeps its 250 newest" in r["error"] for r in failed)
-    assert all("prediction" in r for r in rows if r["press"] != "rmm(lag=250)")
+    failed = [r for r in rows if r["press"] == wide]
+    assert len(failed) == 4 and all(r["error"].startswith("SnapKVPress: ") for r in failed)
+    assert all("prediction" in r for r in rows if r["press"] != wide)
     assert "failed" in (output / "scorecard.md").read_text()

@@ -65,6 +65,24 @@ def test_code_sim_uses_the_first_line_without_comment_or_fence_marks():
     assert code_sim_score("// only\n# comments", "x") == 0.0
 
 
+@pytest.mark.parametrize(
+    ("prediction", "gold", "percent"),
+    [
+        # lengths 8 + 8, longest common subsequence m: 100 x 2m / 16, rounded half to even as Python's round
+        ("abcdefgh", "aijklmno", 12),  # m = 1: 12.5
+        ("abcdefgh", "abcijklm", 38),  # m = 3: 37.5
+        ("abcdefgh", "abcdeijk", 62),  # m = 5: 62.5
+        ("abcdefgh", "abcdefgi", 88),  # m = 7: 87.5
+        ("abc", "abd", 67),  # m = 2 of 6: 66.67
+        ("ab", "ba", 50),  # m = 1 of 4
+        ("", "", 100),
+        ("", "x", 0),
+    ],
+)
+def test_code_sim_is_fuzzywuzzys_integer_percentage(prediction, gold, percent):
+    assert code_sim_score(prediction, gold) == percent / 100
+
+
 def test_first_line_rule_and_max_over_gold_answers():
     classes = ["Location", "Numeric value"]
     assert sample_score("trec", "\nLocation\nNumeric value", ["Location"], classes) == 1.0

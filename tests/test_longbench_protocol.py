@@ -138,6 +138,23 @@ def test_query_aware_compresses_the_whole_prompt(model_dir, data_dir, tmp_path):
     assert all(row["question_tokens"] == 0 and row["query_aware"] for row in read_rows(output))
 
 
+def test_a_decoding_press_runs_beside_its_prefill_press_in_one_scorecard(model_dir, data_dir, tmp_path):
+    """``decoding(tova, ...)`` (TOVA's multi-state RNN) takes the per-cell path: the context prefilled whole, the
+    cache compressed while the answer is generated; prefill TOVA shares the prefill."""
+    output, decoding = tmp_path / "decoding", "decoding(tova,compression_interval=1)"
+    arguments = ("--tasks", "hotpotqa", "--n", "1", "--presses", "full", "tova", decoding)
+    assert longbench(model_dir, data_dir, output, *arguments) == 0
+    rows = {(row["press"], row["budget"]): row for row in read_rows(output)}
+    assert rows[(decoding, "ratio=0.5")]["path"] == "per-cell"
+    assert rows[("tova", "ratio=0.5")]["path"] == "shared"
+    context = rows[(decoding, "ratio=0.5")]["context_tokens"]
+    assert rows[(decoding, "ratio=0.5")]["kept_tokens"] == context, "the prefill is not compressed"
+    record = json.loads((output / "run.json").read_text())
+    assert record["config"]["paths"][decoding] == "compresses while decoding (per-cell path)"
+    header = next(line for line in (output / "scorecard.md").read_text().splitlines() if line.startswith("| condition"))
+    assert f"| tova | {decoding} |" in header
+
+
 def test_resuming_with_other_settings_is_refused(model_dir, data_dir, tmp_path, capsys):
     output, narrow = tmp_path / "run", ("--tasks", "trec", "--presses", "full", "--n", "1")
     assert longbench(model_dir, data_dir, output, *narrow) == 0

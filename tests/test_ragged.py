@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 from transformers import DynamicCache
@@ -88,8 +89,10 @@ def test_a_batch_that_takes_over_its_caches_releases_each_layer_it_copied_but_no
     owned, shared = random_cache(5, 0), random_cache(7, 1)
     shared.owned = False  # a history's own cache, which it goes on extending
     before = shared.cache.layers[1].keys.clone()
+    released = [weakref.ref(t) for layer in owned.cache.layers for t in (layer.keys, layer.values)]
     ragged = RaggedCache.from_caches([owned, shared], room=1, consume=True)
     assert all(layer.keys.numel() == layer.values.numel() == 0 for layer in owned.cache.layers)
+    assert all(ref() is None for ref in released), "a released layer is freed, not pinned as a view's base"
     assert torch.equal(shared.cache.layers[1].keys, before)
     keys, _ = ragged.update(torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8), 1)
     assert [tensor.shape[2] for tensor in keys.tensors] == [6, 8]

@@ -27,6 +27,8 @@ from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
 from presses.prefix import forward_capturing
 from presses.teacher_forcing import language_model, top1_predictions
 
+EXTEND_CHUNK = 8192  # tokens per forward: a forward captures every layer's input for its tokens
+
 
 def evicts_nothing(press: BasePress) -> bool:
     """A press set to compression ratio 0 (a press whose ratio is known only after a forward is run)."""
@@ -85,9 +87,14 @@ class History:
         rows_kept = need.rows is not ALL and (self.rows is ALL or need.rows <= self.rows)
         return need.path == SHARED and (self.rows is ALL or rows_kept) and need.sums <= set(self.statistics)
 
-    @torch.no_grad()
     def extend(self, token_ids: list[int], kind: str) -> None:
-        """Append tokens of one kind (e.g. "context", or "conversation", "question", "answer")."""
+        """Append tokens of one kind (e.g. "context", or "conversation", "question", "answer"), at most
+        ``EXTEND_CHUNK`` per forward, so that the layer inputs a forward captures stay bounded."""
+        for first in range(0, len(token_ids), EXTEND_CHUNK):
+            self._extend(token_ids[first : first + EXTEND_CHUNK], kind)
+
+    @torch.no_grad()
+    def _extend(self, token_ids: list[int], kind: str) -> None:
         start, model = self.length, self.model
         ids = torch.tensor([token_ids], device=model.device)
         hidden, captured = forward_capturing(model, ids, self.cache, start)
@@ -106,8 +113,8 @@ class History:
             layer_input, (cos, sin) = captured[index]
             first = index == len(self.inputs)
             if first:
-                self.inputs.append(layer_input[:, :0])
-                self.rotary.append((cos[:, :0], sin[:, :0]))
+                self.inputs.append(layer_input[:, :0].clone())  # not a view: it would pin the whole input
+                self.rotary.append((cos[:, :0].clone(), sin[:, :0].clone()))
             kept = self.inputs[index]
             rows = layer_input.shape[1] + kept.shape[1] if self.rows is ALL else self.rows
             self.inputs[index] = torch.cat([kept, layer_input], dim=1)[:, -rows:].clone() if rows else kept
@@ -126,7 +133,7 @@ class History:
         zeros = keys.new_zeros(1, keys.shape[1], keys.shape[2] - start, dtype=torch.float32)
         for statistic, sums in self.sums.items():
             if index == len(sums):
-                sums.append(zeros[..., :0])
+                sums.append(zeros[..., :0].clone())
             sums[index] = torch.cat([sums[index], zeros], dim=-1)
             held = self.pending.get(statistic, {}).pop(index, None)
             if held is not None:  # the previous newest row, now that its weight is known

@@ -18,16 +18,24 @@ LOCOMO_URL = "https://raw.githubusercontent.com/snap-research/locomo/main/data/l
 LOCOMO_SHA256 = "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff4"
 
 
-def resolve_path(path: str | None) -> Path:
-    """The file to read: the one given, else ``$LOCOMO_PATH``, else the cached official download."""
+def local_path(path: str | None) -> Path | None:
+    """The file a run reads without the network: the one given, else ``$LOCOMO_PATH``, else the cached official
+    download; None when a run would download it."""
     given = path or os.environ.get("LOCOMO_PATH")
     if given is not None:
         if not Path(given).is_file():
             raise EvaluationError(f"LoCoMo data file {given} not found: pass --data PATH/TO/locomo10.json")
         return Path(given)
     target = cache_root() / "data" / "locomo" / "locomo10.json"
-    if target.is_file():
-        return target
+    return target if target.is_file() else None
+
+
+def resolve_path(path: str | None) -> Path:
+    """The file to read: ``local_path``, else the official file, downloaded once into the cache."""
+    found = local_path(path)
+    if found is not None:
+        return found
+    target = cache_root() / "data" / "locomo" / "locomo10.json"
     try:
         with urllib.request.urlopen(LOCOMO_URL, timeout=60) as response:
             payload = response.read()
@@ -61,6 +69,8 @@ def parse_conversation(raw: dict) -> Conversation:
         )
         for number in numbers
     ]
+    if not sessions:
+        raise ValueError(f"{raw['sample_id']} has no sessions to stream")
     questions = []
     for i, q in enumerate(raw["qa"]):
         category = int(q["category"])
@@ -69,9 +79,13 @@ def parse_conversation(raw: dict) -> Conversation:
             raise ValueError(f"{where} has category {category}; LoCoMo's are 1 to 5")
         if category != 5 and q.get("answer") is None:
             raise ValueError(f"{where} (category {category}) has no answer to score against")
-        questions.append(
-            Question(i, q["question"], q.get("answer"), q.get("evidence") or [], category, q.get("adversarial_answer"))
+        question = Question(
+            i, q["question"], q.get("answer"), q.get("evidence") or [], category, q.get("adversarial_answer")
         )
+        absent = sorted(question.evidence_sessions - set(numbers))
+        if absent:
+            raise ValueError(f"{where} cites evidence in session(s) {absent}, which the conversation does not hold")
+        questions.append(question)
     return Conversation(raw["sample_id"], conversation["speaker_a"], conversation["speaker_b"], sessions, questions)
 
 
@@ -85,4 +99,8 @@ def load_conversations(path: Path) -> list[Conversation]:
             raise EvaluationError(
                 f"{path}: conversation {index} is malformed ({type(error).__name__}: {error})"
             ) from error
+    seen = [c.sample_id for c in conversations]
+    twice = sorted({name for name in seen if seen.count(name) > 1})
+    if twice:
+        raise EvaluationError(f"{path}: sample_id {', '.join(twice)} names two conversations; give each its own id")
     return conversations

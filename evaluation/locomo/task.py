@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from evaluation.benchmark import Benchmark
-from evaluation.locomo.data import load_conversations, resolve_path
+from evaluation.locomo.data import LOCOMO_URL, load_conversations, local_path, resolve_path
 from evaluation.locomo.render import (
     choice_options,
     gold_answer,
@@ -44,6 +44,10 @@ BENCHMARK = Benchmark(
 def load(config: StreamConfig) -> tuple[dict[str, str], list[Conversation]]:
     path = resolve_path(config.data)
     return fingerprint(path), load_conversations(path)
+
+
+def downloads(config: StreamConfig) -> str:
+    return "" if local_path(config.data) else f"locomo10.json from {LOCOMO_URL}"
 
 
 def locomo_scored(conversation: Conversation, question: Question, prediction: str) -> tuple[str, float]:
@@ -97,5 +101,6 @@ LOCOMO = register(
         budgets=(1800,),
         max_new_tokens=32,
         caveat="; adversarial questions (category 5) are scored by their own rule and kept apart",
+        downloads=downloads,
     )
 )

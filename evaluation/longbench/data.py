@@ -47,14 +47,27 @@ def check_tasks(tasks: list[str]) -> None:
 
 
 def resolve_data_dir(data_dir: str | None, tasks: list[str]) -> Path:
-    """The folder to read: the one given, else ``$LONGBENCH_DIR``, else the cached hub download of ``tasks``."""
+    """The folder to read: ``local_data_dir``, else the hub download of ``tasks``, written once into the cache."""
+    return local_data_dir(data_dir, tasks) or download(tasks)
+
+
+def local_data_dir(data_dir: str | None, tasks: list[str]) -> Path | None:
+    """The folder a run reads without the network: the one given, else ``$LONGBENCH_DIR``, else the cache when it
+    holds ``tasks`` and the configs; None when a run would download them."""
     given = data_dir or os.environ.get("LONGBENCH_DIR")
     if given is None:
-        return download(tasks)
+        target = cache_root() / "data" / "longbench"
+        needed = [target / f"{task}.jsonl" for task in tasks] + [target / "config" / name for name in CONFIG_FILES]
+        return target if all(path.is_file() for path in needed) else None
     path = Path(given)
     if not (path / "config" / CONFIG_FILES[0]).is_file() or not (path / "config" / CONFIG_FILES[1]).is_file():
         raise EvaluationError(f"LongBench data dir {path} is missing or incomplete: pass --data {LAYOUT}.")
     return path
+
+
+def what_a_run_downloads(tasks: list[str]) -> str:
+    configs = CONFIG_URL.rsplit("/", 1)[0]
+    return f"{', '.join(tasks)} from the hub's {HUB_DATASET} (parquet), and {', '.join(CONFIG_FILES)} from {configs}"
 
 
 def download(tasks: list[str]) -> Path:

@@ -30,12 +30,14 @@ from evaluation.longbench.data import (
     check_tasks,
     load_configs,
     load_task,
+    local_data_dir,
     resolve_data_dir,
+    what_a_run_downloads,
 )
 from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
 from evaluation.metrics.longbench import sample_score
-from evaluation.models import ModelSettings, context_length
-from evaluation.press_needs import SHARED, describe, needs
+from evaluation.models import ModelSettings, context_length, what_loading_fetches
+from evaluation.press_needs import SHARED, compresses_while_decoding, describe, needs
 from evaluation.press_specs import FULL_CACHE, check_presses, make_press
 from evaluation.run_record import RunRecord, fingerprint
 from evaluation.scorecard import scores_frame, summarize, write_scorecard
@@ -87,14 +89,14 @@ def stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: s
     return eos_ids(model) | newline
 
 
-def cell_identity(example: Example, press_name: str, budget: Budget | None) -> dict:
-    """The fields that name a cell's row (its resume key and its budget's label)."""
+def cell_identity(example: Example, press_name: str, budget: Budget | None, length: int) -> dict:
+    """The fields that name a cell's row (its resume key and its budget's label over a ``length``-token context)."""
     return {
         "task": example.task,
         "id": example.id,
         "press": press_name,
         "budget": budget_key(budget),
-        "budget_label": budget_label(budget),
+        "budget_label": budget_label(budget, length),
     }
 
 
@@ -113,7 +115,7 @@ def cell_row(
     prediction = tokenizer.decode(generated, skip_special_tokens=True)
     context_tokens = prompt.context_ids.shape[1]
     return {
-        **cell_identity(example, press_name, budget),
+        **cell_identity(example, press_name, budget, context_tokens),
         "compression_ratio": ratio_for(budget, context_tokens),
         "context_tokens": context_tokens,
         "kept_tokens": kept_tokens,
@@ -130,11 +132,13 @@ def cell_row(
     }
 
 
-def failed_row(example: Example, press_name: str, budget: Budget | None, path: str, error: Exception) -> dict:
+def failed_row(
+    example: Example, press_name: str, budget: Budget | None, length: int, path: str, error: Exception
+) -> dict:
     """A cell the press could not run on this example (too short for its window, a lag over the budget...):
     stored with its reason, counted in the scorecard, never retried on resume."""
     return {
-        **cell_identity(example, press_name, budget),
+        **cell_identity(example, press_name, budget, length),
         "path": path,
         "error": str(error).splitlines()[0],
         "score": None,
@@ -153,14 +157,15 @@ def run_cell(
 ) -> dict:
     """The per-cell reference path: KVPress's prefill under the press (eager where it needs the weights), then
     greedy decoding."""
-    press = make_press(press_name, ratio_for(budget, prompt.context_ids.shape[1]))
+    length = prompt.context_ids.shape[1]
+    press = make_press(press_name, ratio_for(budget, length), length)
     implementation = "eager" if press is not None and needs(press).reads_weights else config.model.attn_implementation
     model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
     try:
         generation = generate(model, prompt.context_ids, prompt.question_ids, press, task_config.max_new_tokens, stop)
     except PressCannotRun as error:
-        return failed_row(example, press_name, budget, "per-cell", error)
+        return failed_row(example, press_name, budget, length, "per-cell", error)
     tokens, kept = generation.token_ids, generation.kept_tokens
     return cell_row(config, example, prompt, press_name, budget, tokens, kept, "per-cell", tokenizer, implementation)
 
@@ -178,7 +183,7 @@ def run_shared(
     press's own hook, one batched decode of them all. Every cell's press must be on the shared path."""
     model.set_attn_implementation(config.model.attn_implementation)
     length = prompt.context_ids.shape[1]
-    presses = [make_press(name, ratio_for(budget, length)) for name, budget in cells]
+    presses = [make_press(name, ratio_for(budget, length), length) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
     rows, derived = [], []
@@ -187,7 +192,7 @@ def run_shared(
         try:
             derived.append((press_name, budget, history.compress(press)))
         except PressCannotRun as error:
-            rows.append(failed_row(example, press_name, budget, "shared", error))
+            rows.append(failed_row(example, press_name, budget, length, "shared", error))
     length, first_logits = history.length, history.newest_logits
     for _, _, cache in derived:
         cache.owned = True  # the history is done with: the batch takes over its cache too (the full-cache cell's)
@@ -224,6 +229,14 @@ def shares_prefill(press_name: str) -> bool:
     return press is None or needs(press).path == SHARED
 
 
+def path_record(press_name: str, engine: bool) -> str:
+    """How a press's cells run, in words, as run.json records it."""
+    press = make_press(press_name, 0.5)
+    if engine and shares_prefill(press_name):
+        return describe(press)
+    return f"{describe(press) if compresses_while_decoding(press) else 'its own prefill'} (per-cell path)"
+
+
 def run_example(
     loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase],
     unit: Unit,
@@ -249,13 +262,18 @@ def run_example(
         store.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
 
 
-def prepare(config: LongBenchConfig) -> tuple[Path, dict[str, TaskConfig], list[Example], list[Cell]]:
-    """Everything a run reads before the model: checked settings, the data, the task configs and the cells."""
+def checked_cells(config: LongBenchConfig) -> list[Cell]:
+    """The settings checked, before any data: the grid's cells."""
     check_tasks(config.tasks)
     check_presses(config.presses)
     if config.path not in PATHS:
         raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
-    cells = press_cells(config.presses, config.budgets, "--ratios or --budgets")
+    return press_cells(config.presses, config.budgets, "--ratios or --budgets")
+
+
+def prepare(config: LongBenchConfig) -> tuple[Path, dict[str, TaskConfig], list[Example], list[Cell]]:
+    """Everything a run reads before the model: checked settings, the data, the task configs and the cells."""
+    cells = checked_cells(config)
     data_dir = resolve_data_dir(config.data_dir, config.tasks)
     task_configs = load_configs(data_dir, config.tasks)
     examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
@@ -263,24 +281,37 @@ def prepare(config: LongBenchConfig) -> tuple[Path, dict[str, TaskConfig], list[
 
 
 def dry_run(config: LongBenchConfig) -> str:
-    """The grid and the work it takes, without a model."""
-    _, task_configs, examples, cells = prepare(config)
+    """The grid and the work it takes, without a model, the network or a file written: where the data or the
+    model is not local, what a real run would fetch."""
+    cells = checked_cells(config)
+    data_dir = local_data_dir(config.data_dir, config.tasks)
+    known, answer_tokens, fetched = None, None, [what_a_run_downloads(config.tasks)]
+    if data_dir is not None:
+        task_configs = load_configs(data_dir, config.tasks)
+        examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
+        known, answer_tokens, fetched = len(examples), sum(task_configs[e.task].max_new_tokens for e in examples), []
+    bound = known if known is not None else config.n * len(config.tasks) if config.n else None
     shared = [cell for cell in cells if config.path == "shared" and shares_prefill(cell[0])]
     alone = len(cells) - len(shared)
-    answer_tokens = sum(task_configs[e.task].max_new_tokens for e in examples) * len(cells)
+
+    def times(k: int) -> str:
+        return f"{k} per example" if bound is None else f"{'' if known is not None else 'at most '}{bound * k}"
+
+    count = "every" if bound is None else times(1)
     lines = [
-        f"LongBench: {len(examples)} examples ({', '.join(config.tasks)}) x {len(cells)} cells = "
-        f"{len(examples) * len(cells)} cells, model {config.model.name} ({config.model.dtype}, "
-        f"{config.model.attn_implementation}, {config.model.device})",
+        f"LongBench: {count} examples ({', '.join(config.tasks)}) x {len(cells)} cells = {times(len(cells))} cells, "
+        f"model {config.model.name} ({config.model.dtype}, {config.model.attn_implementation}, {config.model.device})",
         *(
             f"  {press} @ {budget_label(budget)}" + ("" if (press, budget) in shared else " (per-cell path)")
             for press, budget in cells
         ),
-        f"prefills: {len(examples) * (bool(shared) + alone)} ({len(examples)} shared by {len(shared)} cells each, "
-        f"{len(examples) * alone} per cell)",
-        f"decodes: {len(examples) * len(cells)} ({len(examples)} batches of {len(shared)} caches, "
-        f"{len(examples) * alone} alone), at most {answer_tokens} answer tokens",
+        f"prefills: {times(bool(shared) + alone)} ({count} shared by {len(shared)} cells each, "
+        f"{times(alone)} per cell)",
+        f"decodes: {times(len(cells))} ({count} batches of {len(shared)} caches, {times(alone)} alone)"
+        + (f", at most {answer_tokens * len(cells)} answer tokens" if answer_tokens is not None else ""),
     ]
+    fetched += [what_loading_fetches(config.model.name)]
+    lines += [f"a real run first fetches: {item}" for item in fetched if item] or ["everything it reads is local"]
     return "\n".join(lines)
 
 
@@ -292,11 +323,7 @@ def run(config: LongBenchConfig, backend: Backend = LOCAL) -> Path:
     files = [data_dir / f"{task}.jsonl" for task in config.tasks] + [data_dir / "config" / n for n in CONFIG_FILES]
     settings["data_fingerprint"] = fingerprint(*files)
     engine = config.path == "shared"
-    settings["paths"] = {
-        p: describe(make_press(p, 0.5)) if engine and shares_prefill(p) else "its own prefill (per-cell path)"
-        for p in config.presses
-        if p != FULL_CACHE
-    }
+    settings["paths"] = {p: path_record(p, engine) for p in config.presses if p != FULL_CACHE}
     record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record(), protocol=PROTOCOL)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [Unit(f"{e.task}/{e.id}", e, frozenset(cell_key((e, *cell)) for cell in press_budgets)) for e in examples]

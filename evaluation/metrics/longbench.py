@@ -9,7 +9,7 @@ import re
 import string
 from collections.abc import Callable, Iterable, Sequence
 
-from rapidfuzz import fuzz
+from rapidfuzz.distance import Indel
 from rouge import Rouge
 
 from evaluation.metrics.f1 import token_f1
@@ -71,12 +71,25 @@ def retrieval_score(prediction: str, gold: str, **_: object) -> float:
 
 
 def code_sim_score(prediction: str, gold: str, **_: object) -> float:
-    """Fuzzy ratio / 100 between the gold line and the first prediction line with none of "`", "#", "//"."""
+    """fuzzywuzzy's ``fuzz.ratio`` / 100 between the gold line and the first prediction line with none of "`", "#",
+    "//". That ratio is an integer percentage: ``int(round(100 x r))``, Python's round (half to even), of the Indel
+    similarity r = (len(a) + len(b) - distance) / (len(a) + len(b)) that python-Levenshtein computes; equal strings
+    score 100 and an empty one 0."""
     first_code_line = next(
         (line for line in prediction.lstrip("\n").split("\n") if not any(mark in line for mark in ("`", "#", "//"))),
         "",
     )
-    return fuzz.ratio(first_code_line, gold) / 100
+    return fuzzy_ratio(first_code_line, gold) / 100
+
+
+def fuzzy_ratio(first: str, second: str) -> int:
+    """fuzzywuzzy's ``fuzz.ratio``: the Indel similarity of two strings as an integer percentage."""
+    if first == second:
+        return 100
+    if not first or not second:
+        return 0
+    total = len(first) + len(second)
+    return round(100 * ((total - Indel.distance(first, second)) / total))
 
 
 Metric = Callable[..., float]

@@ -17,12 +17,12 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.backends import LOCAL, Backend, Unit, interactive, run_units
-from evaluation.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
+from evaluation.budgets import OVER_THE_CONTEXT, Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.engine.history import History
 from evaluation.errors import EvaluationError, PressCannotRun
 from evaluation.generation import decode_batch, eos_ids, generate
-from evaluation.models import ModelSettings, context_length, resolve_model_path
-from evaluation.press_needs import OWN_PREFILL, SHARED, describe, needs
+from evaluation.models import ModelSettings, context_length, local_model, what_loading_fetches
+from evaluation.press_needs import SHARED, describe, needs
 from evaluation.press_specs import check_presses, make_press
 from evaluation.run_record import RunRecord
 from evaluation.scorecard import scores_frame, summarize, write_scorecard
@@ -90,23 +90,21 @@ class ConversationRun:
                     f"({len(start_ids)} tokens): nothing would be compressed"
                 )
         shared = self.config.history == "gold"
-        histories: dict[Cell | None, History] = {}  # one stream (key None) in gold mode, else one per cell
-        messages: dict[Cell | None, list[Message]] = {}
-        for cell in [None] if shared else self.cells:
-            histories[cell] = self.history(self.cells if shared else [cell])
-            histories[cell].extend(start_ids, "conversation")
-            messages[cell] = []
-        for turn, question in enumerate(questions):
-            prompt = self.task.question_prompt(conversation, question)
-            for stream, history in histories.items():
-                question_ids = framing.question_ids(messages[stream], prompt)
-                self.ask(history, question_ids, question, self.cells if shared else [stream], turn, window)
+        for stream in [None] if shared else self.cells:  # one stream in gold mode, else one per cell, in turn
+            cells = self.cells if shared else [stream]
+            history, messages = self.history(cells), []
+            history.extend(start_ids, "conversation")
+            for turn, question in enumerate(questions):
+                prompt = self.task.question_prompt(conversation, question)
+                question_ids = framing.question_ids(messages, prompt)
+                self.ask(history, question_ids, question, cells, turn, window)
                 answer = (
                     self.task.gold_answer(question)
                     if shared
                     else self.store.get(cell_key(conversation, question, stream)).get("prediction", "")
                 )
-                self.append_turn(framing, history, messages[stream], question_ids, prompt, answer)
+                self.append_turn(framing, history, messages, question_ids, prompt, answer)
+            del history  # one full history alive at a time
 
     def stream_sessions(self, questions: list[Question]) -> None:
         """The evidence placement: sessions one by one, each question after the session of its last evidence."""
@@ -200,7 +198,7 @@ class ConversationRun:
         own hook on the stored inputs), all of them decoded in one batch; any other press re-prefills the history
         under itself (``generate``)."""
         ratios = [ratio_for(budget, history.length) for _, budget in cells]
-        presses = [make_press(name, ratio) for (name, _), ratio in zip(cells, ratios, strict=True)]
+        presses = [make_press(name, ratio, history.length) for (name, _), ratio in zip(cells, ratios, strict=True)]
         caches, refused = {}, {}
         for i, press in enumerate(presses):
             if history.can_serve(press):
@@ -221,6 +219,7 @@ class ConversationRun:
         )
         tokens = dict(zip(caches, generated, strict=True))
         kept = {i: cache.kept_tokens for i, cache in caches.items()}
+        paths = {i: SHARED for i in caches} | {i: needs(p).path for i, p in enumerate(presses) if p is not None}
         context = torch.tensor([history.token_ids], device=self.model.device)
         for i in (i for i in range(len(cells)) if i not in caches and i not in refused):
             implementation = self.model.config._attn_implementation
@@ -236,7 +235,7 @@ class ConversationRun:
         return [
             self.failed_row(question, cell, turn, visible, history.length, refused[i])
             if i in refused
-            else self.row(question, cell, ratios[i], history.length, kept[i], tokens[i], turn, visible, i in caches)
+            else self.row(question, cell, ratios[i], history.length, kept[i], tokens[i], turn, visible, paths[i])
             for i, cell in enumerate(cells)
         ]
 
@@ -252,7 +251,7 @@ class ConversationRun:
             "category": question.category,
             "press": press_name,
             "budget": budget_key(budget),
-            "budget_label": budget_label(budget),
+            "budget_label": budget_label(budget, history_tokens),
             "history_tokens": history_tokens,
             "evidence_visible": visible,
             "placement": self.config.placement,
@@ -271,7 +270,7 @@ class ConversationRun:
         generated: list[int],
         turn: int,
         visible: bool,
-        shared: bool,
+        path: str,
     ) -> dict:
         press_name, budget = cell
         prediction = self.tokenizer.decode(generated, skip_special_tokens=True).strip()
@@ -285,7 +284,7 @@ class ConversationRun:
             "answer": question.answer,
             "press": press_name,
             "budget": budget_key(budget),
-            "budget_label": budget_label(budget),
+            "budget_label": budget_label(budget, history_tokens),
             "compression_ratio": ratio,
             "history_tokens": history_tokens,
             "kept_tokens": kept_tokens,
@@ -293,7 +292,7 @@ class ConversationRun:
             "placement": self.config.placement,
             "history_mode": self.config.history,
             "rmm_weights": self.config.rmm_weights,
-            "path": SHARED if shared else OWN_PREFILL,
+            "path": path,
             "prediction": prediction,
             "scored_prediction": scored,
             "score": score,
@@ -319,27 +318,50 @@ def run_conversation(
 def prepare(config: StreamConfig) -> tuple[dict[str, str], list[Conversation], list[Cell]]:
     """Everything a run reads before the model: checked settings, the data's fingerprint, the conversations
     and the cells."""
+    cells = checked_cells(config)
+    data_fingerprint, conversations = stream_task(config.task).load(config)
+    return data_fingerprint, select_conversations(conversations, config.conversations), cells
+
+
+def checked_cells(config: StreamConfig) -> list[Cell]:
+    """The settings checked, before any data: the stream's cells."""
     check_presses(config.presses)
     if config.placement not in PLACEMENTS:
         raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if config.placement == "evidence" and config.history != "gold":
         raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
-    cells = press_cells(config.presses, config.budgets, "--budgets")
-    data_fingerprint, conversations = stream_task(config.task).load(config)
-    return data_fingerprint, select_conversations(conversations, config.conversations), cells
+    return press_cells(config.presses, config.budgets, "--budgets")
 
 
 def dry_run(config: StreamConfig) -> str:
-    """The stream and the work it takes, without a model."""
+    """The stream and the work it takes, without a model, the network or a file written: where the data or the
+    model is not local, what a real run would fetch."""
+    task, cells = stream_task(config.task), checked_cells(config)
+    fetched = [task.downloads(config), what_loading_fetches(config.model.name)]
+    settings = config.model
+    model = f"model {settings.name} ({settings.dtype}, {settings.attn_implementation}, {settings.device})"
+    grid = [f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells]
+    if fetched[0]:
+        asked = f"{len(config.conversations)} conversations" if config.conversations else "every conversation"
+        lines = [
+            f"{task.benchmark.name} ({config.placement} placement, {config.history} history): {asked} x "
+            f"{len(cells)} cells (questions counted once the data is local), {model}",
+            *grid,
+        ]
+    else:
+        lines = plan(config, model, grid)
+    return "\n".join(lines + [f"a real run first fetches: {item}" for item in fetched if item])
+
+
+def plan(config: StreamConfig, model: str, grid: list[str]) -> list[str]:
     _, conversations, cells = prepare(config)
     questions = sum(len(asked_questions(c, config)) for c in conversations)
     histories = len(conversations) * (1 if config.history == "gold" else len(cells))
     name = stream_task(config.task).benchmark.name
     lines = [
         f"{name} ({config.placement} placement, {config.history} history): {len(conversations)} conversations, "
-        f"{questions} questions x {len(cells)} cells = {questions * len(cells)} answers, model {config.model.name} "
-        f"({config.model.dtype}, {config.model.attn_implementation}, {config.model.device})",
-        *(f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells),
+        f"{questions} questions x {len(cells)} cells = {questions * len(cells)} answers, {model}",
+        *grid,
         f"prefills: {histories} growing histories, extended by every session and turn (re-prefilled only at the "
         "evidence placement's restarts when the context is full); a press on its own prefill re-prefills the history "
         "before each of its questions",
@@ -348,7 +370,7 @@ def dry_run(config: StreamConfig) -> str:
     ]
     if config.placement == "file":
         lines.append(file_visibility(config, conversations))
-    return "\n".join(lines)
+    return lines
 
 
 def file_visibility(config: StreamConfig, conversations: list[Conversation]) -> str:
@@ -356,8 +378,10 @@ def file_visibility(config: StreamConfig, conversations: list[Conversation]) -> 
     the model's tokenizer and configuration only."""
     from transformers import AutoConfig, AutoTokenizer
 
+    path = local_model(config.model.name)
+    if path is None:
+        return f"evidence visibility: needs the tokenizer of {config.model.name}, which is not local"
     try:
-        path = resolve_model_path(config.model.name)
         tokenizer = AutoTokenizer.from_pretrained(path)
         context = context_length(tokenizer, AutoConfig.from_pretrained(path))
     except Exception as error:  # an unreachable hub id or a folder without a tokenizer: the plan stands without it
@@ -406,7 +430,8 @@ def evictions(rows: list[dict]) -> str:
     for row in rows:
         if row["press"] != "full" and not row.get("error"):
             key = (row["conversation"], row["question_index"])
-            over.setdefault(row["budget_label"], {})[key] = row["history_tokens"] > row["kept_tokens"]
+            label = row["budget_label"].removesuffix(OVER_THE_CONTEXT)
+            over.setdefault(label, {})[key] = row["history_tokens"] > row["kept_tokens"]
     counts = ", ".join(f"{sum(seen.values())} of {len(seen)} at {label}" for label, seen in over.items())
     return f"the history exceeded the budget (the presses evicted) for {counts} questions" if over else ""
 

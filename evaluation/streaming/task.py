@@ -44,6 +44,7 @@ class StreamTask:
     max_new_tokens: int
     caveat: str = ""  # how the scorecard's note ends
     row_fields: Callable[[Conversation, Question], dict] = field(default=lambda conversation, question: {})
+    downloads: Callable[[StreamConfig], str] = field(default=lambda config: "")  # what a run would fetch; "": none
 
     def text(self, conversation: Conversation, sessions: list[Session]) -> str:
         return self.header(conversation) + "".join(self.render_session(session) for session in sessions)

@@ -106,15 +106,15 @@ def load_or_record(
 ) -> Trace:
     """The named trace from the cache, else recorded (with ``model_loader()``) and cached; deterministic.
 
-    The cache key holds the model's full name and the text itself, so other data under the same name is
-    recorded anew."""
+    The cache file is named by a hash of the model's full name, the trace's name and the text itself, so other data
+    under the same name is recorded anew."""
     name = trace_name(model_name, spec, length, per_kv_group)
     text = source_text(spec, data_root)
     key = hashlib.sha256(f"{model_name}|{name}|{text}".encode()).hexdigest()[:16]
-    path = cache_root() / "traces" / f"{name}-{key}.pt"
+    path = cache_root() / "traces" / f"{key}.pt"  # named by the hash alone: no user text reaches the path
     if path.is_file():
         try:
-            stored = torch.load(path)
+            stored = torch.load(path, weights_only=True)
             return Trace(name, stored["token_ids"], stored["correct"], list(stored["layers"]))
         except Exception as error:  # a torn or foreign file: torch raises many kinds
             raise EvaluationError(

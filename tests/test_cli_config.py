@@ -1,0 +1,134 @@
+"""``--config``: a file's values go through the same flags' types as the command line (evaluation.config_file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evaluation.cli import main, parser_for_every_command
+from evaluation.config_file import with_config
+from evaluation.errors import EvaluationError
+
+
+def parsed(tmp_path, text: str, command: str = "longbench", *argv: str):
+    config = tmp_path / "run.yaml"
+    config.write_text(text)
+    return with_config(parser_for_every_command(), [command, "--config", str(config), *argv])
+
+
+@pytest.mark.parametrize(
+    ("text", "option", "value"),
+    [
+        ("presses: snapkv\n", "presses", ["snapkv"]),
+        ('presses: "composed([snapkv, knorm])"\n', "presses", ["composed([snapkv,knorm])"]),
+        ("presses: [full, 'rmm(lag=4)']\n", "presses", ["full", "rmm(lag=4)"]),
+        ("ratios: 0.5\n", "ratios", [0.5]),
+        ("compression_ratio: 0.25\n", "ratios", [0.25]),
+        ("press_name: rmm\n", "presses", ["rmm"]),
+        ("query_aware: true\n", "query_aware", True),
+        ("query_aware: false\n", "query_aware", False),
+        ("n: 3\n", "n", 3),
+        ("attn-implementation: eager\n", "attn_implementation", "eager"),
+        ("budgets: null\n", "budgets", None),
+    ],
+)
+def test_a_value_means_what_the_same_flag_means(tmp_path, text, option, value):
+    assert getattr(parsed(tmp_path, text), option) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("n: -1\n", "argument --n: -1 is below 1"),
+        ("ratios: [1.5]\n", "outside [0, 1)"),
+        ("dtype: float64\n", "invalid choice: 'float64'"),
+        ("query_aware: 'false'\n", "query_aware is true or false, not 'false'"),
+        ("n: [1, 2]\n", "n takes one value, not a list"),
+        ("presses: [{snapkv: 1}]\n", "presses takes values like --presses"),
+        ("nn: 3\n", "unknown key 'nn'; did you mean --n?"),
+        ("- n\n", "a mapping of option names to values, not list"),
+    ],
+)
+def test_a_bad_value_is_a_one_line_error_naming_the_file(tmp_path, text, message):
+    with pytest.raises(EvaluationError, match=r"--config .*run\.yaml") as error:
+        parsed(tmp_path, text)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_unknown_key_names_the_nearest_flag_of_its_protocol(tmp_path):
+    with pytest.raises(EvaluationError, match="did you mean --max-history-tokens"):
+        parsed(tmp_path, "max_histroy_tokens: 100\n", "locomo")
+
+
+def test_the_command_line_overrides_the_file(tmp_path):
+    args = parsed(tmp_path, "n: 3\npresses: [snapkv, rmm]\nquery_aware: true\n", "longbench", "--n", "2")
+    assert (args.n, args.presses, args.query_aware) == (2, ["snapkv", "rmm"], True)
+
+
+def test_an_abbreviated_flag_is_refused(capsys):
+    assert main(["longbench", "--pres", "rmm", "--dry-run"]) == 2
+    assert "unrecognized arguments: --pres" in capsys.readouterr().err
+
+
+@pytest.fixture
+def offline_machine(tmp_path, monkeypatch):
+    """No network (every connection attempt is recorded and refused), an empty hub cache and project cache, no data
+    variables, and an empty working directory: what a dry run reaches for shows."""
+    import socket
+
+    import datasets.config
+    import huggingface_hub.constants
+
+    attempts: list[object] = []
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        attempts.append(args)
+        raise OSError("the network is unreachable in this test")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
+    for name in ("LONGBENCH_DIR", "LOCOMO_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return tmp_path, attempts
+
+
+@pytest.mark.parametrize(
+    ("command", "table", "fetched"),
+    [
+        ("longbench", "paper_table2", "hotpotqa, trec from the hub's THUDM/LongBench (parquet)"),
+        ("locomo", "paper_table3", "locomo10.json from https://raw.githubusercontent.com/snap-research/locomo"),
+    ],
+)
+def test_a_paper_dry_run_plans_offline_says_what_a_run_fetches_and_writes_nothing(
+    offline_machine, capsys, command, table, fetched
+):
+    root, attempts = offline_machine
+    config = Path(__file__).resolve().parents[1] / "configs" / f"{table}.yaml"
+    assert main([command, "--config", str(config), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "model Qwen/Qwen2.5-7B-Instruct (bfloat16, sdpa, cuda)" in out
+    assert f"a real run first fetches: {fetched}" in out
+    assert "a real run first fetches: Qwen/Qwen2.5-7B-Instruct: its weights and tokenizer from the hub" in out
+    assert "rmm @" in out and "snapkv @" in out
+    assert attempts == [], "no connection attempted"
+    assert [path for path in root.rglob("*") if path.is_file()] == [], "nothing written"
+
+
+def test_a_dry_run_with_local_data_counts_the_work_and_says_everything_is_local(offline_machine, capsys):
+    from tests.helpers import SHARED_DATA
+
+    data = str(SHARED_DATA / "longbench")
+    argv = ["longbench", "--model", data, "--data", data, "--presses", "full", "rmm", "--n", "2", "--dry-run"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "LongBench: 2 examples (multi_news) x 3 cells = 6 cells" in out and "at most 3072 answer tokens" in out
+    assert "everything it reads is local" in out
+    root, attempts = offline_machine
+    assert attempts == [] and [path for path in root.rglob("*") if path.is_file()] == []
