@@ -70,8 +70,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "results" / "bench" / "engine_memory.json")
     args = parser.parse_args()
 
-    from evaluation.backends import quiet_libraries
     from evaluation.models import load_model
+    from evaluation.terminal import quiet_libraries
 
     quiet_libraries()
     model, tokenizer = load_model()

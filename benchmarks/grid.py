@@ -69,7 +69,6 @@ def ray_workers(args: argparse.Namespace) -> dict:
 
 def shared_against_per_cell(args: argparse.Namespace) -> dict:
 
-    from evaluation.backends import quiet_libraries
     from evaluation.budgets import parse_budgets, press_cells
     from evaluation.cli import DEFAULT_RATIOS
     from evaluation.longbench.data import load_configs, load_task
@@ -77,6 +76,7 @@ def shared_against_per_cell(args: argparse.Namespace) -> dict:
     from evaluation.longbench.runner import LongBenchConfig, prompt_budget, run_cell, run_shared
     from evaluation.models import ModelSettings
     from evaluation.press_specs import DEFAULT_PRESSES
+    from evaluation.terminal import quiet_libraries
 
     settings = ModelSettings()
     quiet_libraries()

@@ -34,7 +34,10 @@ import dataclasses, json, resource, sys, tempfile, time
 from pathlib import Path
 import torch
 from transformers import DynamicCache
-from evaluation.backends import quiet_libraries
+try:
+    from evaluation.terminal import quiet_libraries
+except ImportError:  # a reference tree from before evaluation/terminal.py
+    from evaluation.backends import quiet_libraries
 from evaluation.budgets import Budget, press_cells
 from evaluation.longbench.data import load_configs, load_task
 from evaluation.longbench.prompts import build_prompt

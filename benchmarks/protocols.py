@@ -175,8 +175,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/protocols.json")
     args = parser.parse_args()
-    from evaluation.backends import quiet_libraries
     from evaluation.models import ModelSettings
+    from evaluation.terminal import quiet_libraries
 
     quiet_libraries()
     model, tokenizer = ModelSettings().load()

@@ -52,10 +52,10 @@ def child(mode: str, length: int, data: Path) -> None:
     import torch
     from transformers import DynamicCache
 
-    from evaluation.backends import quiet_libraries
     from evaluation.models import load_model
     from evaluation.press_needs import needs
     from evaluation.press_specs import make_press
+    from evaluation.terminal import quiet_libraries
 
     quiet_libraries()
     press = None if mode == "sdpa" else make_press(mode, 0.5)

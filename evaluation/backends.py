@@ -11,7 +11,6 @@ dies is retried on a fresh worker up to ``retries`` times, then reported; the ot
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from tqdm import tqdm
 
 from evaluation.errors import EvaluationError, refused_write
 from evaluation.store import MemoryStore, ResultStore
+from evaluation.terminal import interactive
 
 if TYPE_CHECKING:
     from evaluation.models import ModelSettings
@@ -52,23 +52,6 @@ class Backend:
 
 
 LOCAL = Backend()
-
-
-def interactive() -> bool:
-    """Whether progress bars have a terminal to redraw; elsewhere (CI, a log file) one line per unit is written."""
-    return sys.stderr.isatty()
-
-
-def quiet_libraries() -> None:
-    """Without a terminal, no weight-loading or download bars (a log would hold thousands of redraws)."""
-    if not interactive():
-        import datasets
-        import huggingface_hub.utils
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()
-        huggingface_hub.utils.disable_progress_bars()
-        datasets.disable_progress_bars()
 
 
 Work = Callable[[Any, Unit, ResultStore], None]

@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(json.dumps(rescore(args.benchmark, args.file, args.per_row)))
             return 0
-        from evaluation.backends import quiet_libraries
+        from evaluation.terminal import quiet_libraries
 
         quiet_libraries()
         if args.command == "scorecard":

@@ -36,6 +36,7 @@ def load_runs(run_dirs: list[Path]) -> tuple[list[tuple[Benchmark, list[dict]]],
     if twice:
         raise EvaluationError(f"run {', '.join(twice)} is given twice: its examples would count twice")
     loaded = [load_run(run) for run in run_dirs]
+    check_same_settings(run_dirs)
     models = {run: model for run, (_, _, model) in zip(run_dirs, loaded, strict=True)}
     if len(set(models.values())) > 1:
         listed = "; ".join(f"{run}: {' '.join(model)}" for run, model in models.items())
@@ -50,6 +51,39 @@ def finished_session(run_dir: Path) -> bool:
 
     sessions = read_record(run_dir / "run.json")["sessions"]
     return bool(sessions) and bool(sessions[-1].get("finished"))
+
+
+POOLED_SETTINGS = (  # what changes every score of a protocol's run, beside the model: runs that differ stay apart
+    "dtype",
+    "attn_implementation",
+    "query_aware",
+    "max_length",
+    "placement",
+    "history",
+    "rmm_weights",
+    "max_new_tokens",
+    "max_history_tokens",
+)
+
+
+def check_same_settings(run_dirs: list[Path]) -> None:
+    """Runs of one protocol are pooled only under the same results-defining settings."""
+    from evaluation.run_record import read_record
+
+    first: dict[str, tuple[Path, dict]] = {}
+    for run in run_dirs:
+        record = read_record(run / "run.json")
+        config, protocol = record["config"], record.get("protocol", "")
+        if protocol not in first:
+            first[protocol] = (run, config)
+            continue
+        other, seen = first[protocol]
+        for key in POOLED_SETTINGS:
+            if key in config and key in seen and config[key] != seen[key]:
+                raise EvaluationError(
+                    f"{other} and {run} are {protocol} runs with {key} {seen[key]!r} and {config[key]!r}: pool runs "
+                    "of one setting (write a scorecard per setting)"
+                )
 
 
 def load_run(run_dir: Path) -> tuple[Benchmark, list[dict], tuple[str, str]]:

@@ -55,10 +55,16 @@ def file_arguments(subparser: argparse.ArgumentParser, values: dict, path: Path)
     """The command-line arguments that say what ``values`` say."""
     options = {a.dest: a for a in subparser._actions if a.option_strings and a.dest not in ("help", "config")}
     arguments: list[str] = []
+    given: dict[str, object] = {}
     for key, value in values.items():
         dest = ALIASES.get(str(key), str(key).replace("-", "_"))
         if dest not in options:
             raise EvaluationError(f"--config {path}: unknown key {key!r}{nearest(str(key), options)}")
+        if dest in given:
+            raise EvaluationError(
+                f"--config {path}: {given[dest]!r} and {key!r} both set {options[dest].option_strings[-1]}"
+            )
+        given[dest] = key
         action, flag = options[dest], options[dest].option_strings[-1]
         if value is None:
             continue

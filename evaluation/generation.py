@@ -12,7 +12,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from evaluation.engine.hooks import MASKED, Compressed, kept_tokens, mask_of
 from evaluation.errors import PressCannotRun, press_refusals
-from evaluation.press_needs import compresses_while_decoding, prefills_under
+from evaluation.press_needs import compresses_while_decoding, prefills_under, question_position
 from evaluation.ragged import RAGGED_SDPA, RaggedCache
 from presses.attention import attention_implementation
 from presses.teacher_forcing import language_model
@@ -76,7 +76,8 @@ def generate(
     (``DecodingPress``) leaves the prefill alone and compresses while the question is appended and the answer
     generated; ``PrefillDecodingPress`` does both.
 
-    Positions continue after the full context length, whatever the press kept. What a press leaves on the attention
+    Positions continue after the full context length, whatever the press kept (after the kept keys for a press that
+    re-rotates them, as KVPress's pipeline does). What a press leaves on the attention
     modules for decoding (AdaKV's masked keys) is cleared afterwards. A press that refuses the prompt raises
     ``PressCannotRun``.
     """
@@ -93,8 +94,9 @@ def generate(
             for layer, cached in zip(layers, cache.layers, strict=True)
         ]
         kept = kept_tokens(cache, masks)
+        position = question_position(press, context_ids.shape[1], cache.get_seq_length())
         with decoding(model) if decoding is not None else nullcontext(), press_refusals(press):
-            tokens = decode(model, cache, question_ids, context_ids.shape[1], max_new_tokens, stop_ids, outputs.logits)
+            tokens = decode(model, cache, question_ids, position, max_new_tokens, stop_ids, outputs.logits)
     finally:
         for layer in language_model(model).layers:
             layer.self_attn.masked_key_indices = None
@@ -132,7 +134,7 @@ def decode_batch(
     model: PreTrainedModel,
     caches: list[Compressed],
     question_ids: torch.Tensor,
-    position: int,
+    position: int | list[int],
     max_new_tokens: int,
     stop_ids: set[int],
     first_logits: torch.Tensor | None = None,
@@ -145,23 +147,32 @@ def decode_batch(
     as the batch copies it (a caller that needs them no more, so that no second copy is ever held).
 
     ``first_logits`` (1, 1, vocab), the prefill's last logits, is needed only when there is no question.
+    ``position``: where the question starts, one for every cache or one per cache (``question_position``).
     """
     if not caches:
         return []
     device = model.device
+    starts = [position] * len(caches) if isinstance(position, int) else list(position)
     cache = RaggedCache.from_caches(caches, question_ids.shape[1] + max_new_tokens, consume)
     active = list(range(len(caches)))
     logits = None if first_logits is None else first_logits.expand(len(caches), -1, -1)
     step_ids = question_ids.to(device).expand(len(caches), -1)
     generated: list[list[int]] = [[] for _ in caches]
+    appended = 0
     with attention_implementation(model, RAGGED_SDPA):
         while active:
             if step_ids.shape[1]:
-                positions = torch.arange(position, position + step_ids.shape[1], device=device).expand(len(active), -1)
+                first = {starts[sequence] for sequence in active}
+                if len(first) == 1:  # one start for every cache: no per-row positions to copy to the device
+                    start = first.pop() + appended
+                    positions = torch.arange(start, start + step_ids.shape[1], device=device).expand(len(active), -1)
+                else:
+                    rows = torch.tensor([starts[sequence] + appended for sequence in active])[:, None]
+                    positions = (rows + torch.arange(step_ids.shape[1])).to(device)
                 logits = model(
                     input_ids=step_ids, past_key_values=cache, position_ids=positions, logits_to_keep=1
                 ).logits
-                position += step_ids.shape[1]
+                appended += step_ids.shape[1]
             tokens = logits[:, -1].argmax(-1).tolist()
             going = []
             for row, sequence in enumerate(active):

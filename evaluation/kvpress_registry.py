@@ -140,8 +140,7 @@ def set_ratio(press: object, compression_ratio: float, length: int | None = None
     Raises
     ------
     EvaluationError
-        One line, for a press no ratio can set: a ``DMSPress`` with no threshold, a press with no
-        ``compression_ratio`` or one it refuses.
+        One line, for a press no ratio can set: a press with no ``compression_ratio`` or one it refuses.
     """
     import kvpress
 
@@ -161,12 +160,7 @@ def set_ratio(press: object, compression_ratio: float, length: int | None = None
         press.key_channel_compression_ratio = compression_ratio
     elif isinstance(press, kvpress.DuoAttentionPress):
         press.head_compression_ratio = compression_ratio
-    elif isinstance(press, kvpress.DMSPress) and press.threshold is None:
-        raise EvaluationError(
-            "DMSPress evicts the keys scoring below its threshold, which a compression ratio does not set (KVPress's "
-            "evaluation asks for --threshold): give it one, e.g. dms(kvzap(model_type='mlp'), threshold=-4.0)"
-        )
-    elif not isinstance(press, kvpress.DMSPress):
+    elif not isinstance(press, kvpress.DMSPress):  # a threshold, not a ratio, sets its size: left as built
         if "compression_ratio" not in dir(press):  # dir, not hasattr: some getters assert a forward has run
             raise EvaluationError(f"{type(press).__name__} has no compression_ratio for the budget to set")
         try:

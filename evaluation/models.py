@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError, refused_write
+from evaluation.terminal import interactive
 
 if TYPE_CHECKING:  # torch and transformers load only with a model, so that the command line answers at once
     import torch
@@ -97,8 +98,6 @@ def convert_smollm2(target: Path) -> Path:
     """Convert the shipped GGUF into ``target`` (written atomically: an interrupted run leaves nothing)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from evaluation.backends import interactive
 
     gguf_folder = smollm2_gguf_folder()
     # transformers' GGUF conversion draws its bars with tqdm directly, which disable_progress_bar() does not reach

@@ -193,9 +193,21 @@ def prefills_under(press: BasePress) -> bool:
 
 
 def compresses_while_decoding(press: BasePress) -> bool:
-    """Whether the press runs while the question is appended and the answer generated (KVPress's decoding presses,
-    ``PrefillDecodingPress`` included)."""
-    return needs(press).path == DECODING
+    """Whether the press runs while the question is appended and the answer generated: as KVPress's pipeline decides
+    it, by the outermost press (a ``DecodingPress``, ``CAMPress``, ``PrefillDecodingPress``)."""
+    from kvpress import DecodingPress, PrefillDecodingPress
+
+    return isinstance(press, (DecodingPress, PrefillDecodingPress))
+
+
+def question_position(press: BasePress | None, context_length: int, cache_length: int) -> int:
+    """Where the question starts, as KVPress's pipeline puts it: after the whole context, except after a press that
+    re-rotates the kept keys to positions 0..n-1 (``KeyRerotationPress``, ``FinchPress(rerotate_keys=True)``,
+    ``RestoreKVPress``): after the n kept."""
+    from kvpress import FinchPress, KeyRerotationPress, RestoreKVPress
+
+    rerotated = isinstance(press, (KeyRerotationPress, RestoreKVPress))
+    return cache_length if rerotated or (isinstance(press, FinchPress) and press.rerotate_keys) else context_length
 
 
 def budget_refusal(press: BasePress, kept: int) -> str:

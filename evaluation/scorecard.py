@@ -17,7 +17,7 @@ from matplotlib.lines import Line2D
 
 from evaluation.benchmark import Benchmark
 from evaluation.press_specs import FULL_CACHE
-from evaluation.statistics import MIN_EXAMPLES_FOR_INTERVAL, bootstrap, paired
+from evaluation.statistics import MIN_EXAMPLES_FOR_INTERVAL, MIN_PAIRS, bootstrap, paired
 
 RESAMPLES, SEED = 10_000, 0
 VERDICT_COLORS = {"win": "#1b9e77", "tie": "#7f7f7f", "loss": "#d95f02"}
@@ -25,7 +25,10 @@ MARKERS = "osD^vP*Xhp<>d8"
 
 
 def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd.DataFrame:
-    """One line per (condition, budget, press, example): its score (NaN for a failed cell) and ``failed``."""
+    """One line per (condition, budget, press, example): its score (NaN for a failed cell), ``failed``, the output
+    the score is of (the prediction; None where a protocol has none) and the score's ceiling. A condition that
+    holds exactly the rows of an earlier one (LoCoMo's "evidence visible" when every question's evidence is
+    visible) is left out: it would count its comparisons twice."""
     records = [
         {
             "condition": prefix + condition,
@@ -34,21 +37,35 @@ def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd
             "example": benchmark.example_id(row),
             "score": np.nan if row.get("error") else row["score"] * benchmark.scale,
             "failed": bool(row.get("error")),
+            "output": row.get("prediction"),
         }
         for row in rows
         for condition in benchmark.conditions(row)
     ]
-    frame = pd.DataFrame(records, columns=["condition", "budget", "press", "example", "score", "failed"])
+    columns = ["condition", "budget", "press", "example", "score", "failed", "output"]
+    frame = pd.DataFrame(records, columns=columns)
     if frame.duplicated(["condition", "budget", "press", "example"]).any():
         raise ValueError("an example appears twice for one condition, budget and press: the runs overlap")
-    frame["digits"] = benchmark.digits
+    held = {
+        c: frozenset(zip(g["budget"], g["press"], g["example"], strict=True))
+        for c, g in frame.groupby("condition", sort=False)
+    }
+    repeated = [c for i, c in enumerate(held) if held[c] in [held[d] for d in list(held)[:i]]]
+    frame = frame[~frame["condition"].isin(repeated)].reset_index(drop=True)
+    frame["digits"], frame["ceiling"] = benchmark.digits, benchmark.scale
     return frame
 
 
+VERDICTS = ("win", "tie", "loss")  # the comparisons an interval decides; the tallies and forest plots count these
+
+
 def summarize(frame: pd.DataFrame, reference: str, resamples: int = RESAMPLES, seed: int = SEED) -> pd.DataFrame:
-    """Per (condition, budget, press): mean, 95% bootstrap interval, n, failed cells, and against ``reference``
-    at the same condition and budget the paired difference on the examples both ran, its interval and verdict
-    (win, tie when the interval contains 0, loss; "reference"; "n < 2"; "-" with nothing to compare)."""
+    """Per (condition, budget, press): mean, 95% bootstrap interval, n, failed cells, and the paired difference
+    on the examples both ran, its interval and verdict, against ``reference`` at the same condition and budget
+    (``diff``, ``diff_low``, ``diff_high``, ``verdict``) and against the full cache (``full_``...). A verdict is
+    "identical" when both sides gave the same output in every pair, "no signal" when both scored the floor (or
+    both the ceiling) in every pair, "too few" under ``MIN_PAIRS`` pairs, else win, tie (the interval contains 0)
+    or loss; "reference" for the side compared with, "-" with nothing to compare."""
     keys = ["condition", "budget", "press"]
     lines = []
     for (condition, budget, press), group in frame.groupby(keys, sort=False):
@@ -58,36 +75,85 @@ def summarize(frame: pd.DataFrame, reference: str, resamples: int = RESAMPLES, s
         if len(ran):
             interval = bootstrap(ran["score"].to_numpy(), resamples, seed)
             line |= {"mean": interval.mean, "low": interval.low, "high": interval.high}
-        line["verdict"] = "reference" if press == reference else "-"
         lines.append(line)
     summary = pd.DataFrame(lines)
-    by_cell = {
-        key: dict(zip(group["example"], group["score"], strict=True)) for key, group in frame.groupby(keys, sort=False)
-    }
-    for index, line in summary.iterrows():
-        reference_scores = by_cell.get((line["condition"], line["budget"], reference))
-        if line["press"] in (reference, FULL_CACHE) or reference_scores is None:
-            continue
-        scores = by_cell[line["condition"], line["budget"], line["press"]]
-        label = f"{line['condition']}, {line['budget']}, {line['press']}"
-        valid = sum(not (np.isnan(scores[e]) or np.isnan(reference_scores.get(e, np.nan))) for e in scores)
-        if valid < MIN_EXAMPLES_FOR_INTERVAL:
-            summary.loc[index, "verdict"] = "n < 2"
-            continue
-        difference = paired(scores, reference_scores, label, resamples, seed)
-        summary.loc[index, ["diff", "diff_low", "diff_high"]] = difference.mean, difference.low, difference.high
-        summary.loc[index, "verdict"] = difference.verdict()
-    for column in ("mean", "low", "high", "diff", "diff_low", "diff_high"):
+    cells = {key: group.set_index("example") for key, group in frame.groupby(keys, sort=False)}
+    for prefix, against in (("", reference), ("full_", FULL_CACHE)):
+        summary[f"{prefix}verdict"] = ["reference" if press == against else "-" for press in summary["press"]]
+        for index, line in summary.iterrows():
+            base_budget = FULL_CACHE if against == FULL_CACHE else line["budget"]
+            base = cells.get((line["condition"], base_budget, against))
+            if line["press"] in (against, FULL_CACHE) or base is None:
+                continue
+            label = f"{line['condition']}, {line['budget']}, {line['press']} against {against}"
+            verdict, difference = compare(
+                cells[line["condition"], line["budget"], line["press"]], base, label, resamples, seed
+            )
+            summary.loc[index, f"{prefix}verdict"] = verdict
+            if difference is not None:
+                columns = [f"{prefix}diff", f"{prefix}diff_low", f"{prefix}diff_high"]
+                summary.loc[index, columns] = difference.mean, difference.low, difference.high
+    for column in (
+        "mean",
+        "low",
+        "high",
+        "diff",
+        "diff_low",
+        "diff_high",
+        "full_diff",
+        "full_diff_low",
+        "full_diff_high",
+    ):
         if column not in summary:
             summary[column] = np.nan
     return summary
 
 
-def wins_ties_losses(summary: pd.DataFrame) -> pd.DataFrame:
-    """Per press, how many conditions it wins, ties and loses against the reference."""
-    verdicts = summary[summary["verdict"].isin(["win", "tie", "loss"])]
-    counts = pd.crosstab(verdicts["press"], verdicts["verdict"]).reindex(columns=["win", "tie", "loss"], fill_value=0)
+def compare(cell: pd.DataFrame, base: pd.DataFrame, label: str, resamples: int, seed: int) -> tuple[str, object]:
+    """The verdict of ``cell`` against ``base`` (both indexed by example) and the paired interval behind it."""
+    pairs = cell.join(base, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
+    if len(pairs) and pairs["output"].notna().all() and (pairs["output"] == pairs["output_base"]).all():
+        return "identical", None
+    scores = np.concatenate([pairs["score"].to_numpy(), pairs["score_base"].to_numpy()])
+    if len(pairs) and (np.all(scores == 0) or np.all(scores == pairs["ceiling"].iloc[0])):
+        return "no signal", None
+    if len(pairs) < MIN_PAIRS:
+        return "too few", None
+    difference = paired(dict(cell["score"]), dict(base["score"]), label, resamples, seed)
+    return difference.verdict(), difference
+
+
+def wins_ties_losses(summary: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
+    """Per press, how many conditions it wins, ties and loses against the reference (``prefix`` "full_": against
+    the full cache); "identical", "no signal" and "too few" are no comparison and are not counted."""
+    verdicts = summary[summary[f"{prefix}verdict"].isin(VERDICTS)]
+    counts = pd.crosstab(verdicts["press"], verdicts[f"{prefix}verdict"]).reindex(columns=list(VERDICTS), fill_value=0)
     return counts.reindex(list(dict.fromkeys(verdicts["press"])))
+
+
+def comparisons(summary: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """Every real comparison (win, tie or loss) in long form: against the reference, then against the full cache."""
+    parts = []
+    for prefix, against in (("", reference), ("full_", FULL_CACHE)):
+        chosen = summary[summary[f"{prefix}verdict"].isin(VERDICTS)]
+        renamed = {f"{prefix}{name}": name for name in ("diff", "diff_low", "diff_high", "verdict")}
+        part = chosen[["condition", "budget", "press", "n", "digits", *renamed]].rename(columns=renamed)
+        parts.append(part.assign(against=against))
+        if against == reference == FULL_CACHE:
+            break
+    return pd.concat(parts, ignore_index=True)
+
+
+def other_verdicts(summary: pd.DataFrame, prefix: str) -> str:
+    """How many pairs of columns got no win / tie / loss, and why."""
+    counts = summary[f"{prefix}verdict"].value_counts()
+    named = [f"{counts[v]} {v}" for v in ("identical", "no signal", "too few") if v in counts]
+    return (
+        f"Not compared: {', '.join(named)} (identical: the same output in every pair; no signal: both at the floor "
+        f"or both at the ceiling in every pair; too few: under {MIN_PAIRS} pairs)."
+        if named
+        else ""
+    )
 
 
 def interval_text(mean: float, low: float, high: float, digits: int, signed: bool = False) -> str:
@@ -115,13 +181,24 @@ def write_scorecard(
     reference: str,
     presses: list[str] | None = None,
     budgets: list[str] | None = None,
+    appendix: list[str] | None = None,
 ) -> None:
     """``scorecard.csv`` (long form), ``scorecard.md`` (conditions x budgets by press, then the differences
     against the reference with wins / ties / losses), ``scorecard.png`` (absolute scores) and ``forest.png``. Every
-    press and budget of ``summary`` is in each: ``presses`` and ``budgets`` (a run's asked grid) come first."""
+    press and budget of ``summary`` is in each: ``presses`` and ``budgets`` (a run's asked grid) come first;
+    ``appendix`` (markdown lines) closes the markdown."""
     output.mkdir(parents=True, exist_ok=True)
     columns = ["condition", "budget", "press", "mean", "low", "high", "n", "failed"]
-    columns += ["diff", "diff_low", "diff_high", "verdict"]
+    columns += [
+        "diff",
+        "diff_low",
+        "diff_high",
+        "verdict",
+        "full_diff",
+        "full_diff_low",
+        "full_diff_high",
+        "full_verdict",
+    ]
     summary[columns].to_csv(output / "scorecard.csv", index=False)
     presses = list(dict.fromkeys([*(presses or []), *summary["press"]]))  # the asked ones first, then any stored
     budgets = [b for b in dict.fromkeys([*(budgets or []), *summary["budget"]]) if b != FULL_CACHE]
@@ -136,24 +213,36 @@ def write_scorecard(
             rows.append(f"| {condition} | {budget} | " + " | ".join(texts) + " |")
     lines = [f"# {title}", "", note, "", "![scores](scorecard.png)", ""]
     lines += ["| condition | budget | " + " | ".join(presses) + " |", "|---|---|" + "---|" * len(presses), *rows]
-    counts = wins_ties_losses(summary)
-    if not counts.empty:
-        lines += ["", f"## Against {reference}", "", "![differences](forest.png)", ""]
-        lines += [f"Wins / ties / losses against {reference} (a tie is a paired interval that contains 0):", ""]
-        lines += [f"- {press}: {row['win']} / {row['tie']} / {row['loss']}" for press, row in counts.iterrows()]
-        compared = summary[summary["verdict"].isin(["win", "tie", "loss"])]
-        lines += [
-            "",
-            f"| condition | budget | press | difference vs {reference} | n | verdict |",
-            "|---|---|---|---|---|---|",
-        ]
-        for _, line in compared.iterrows():
-            difference = interval_text(line["diff"], line["diff_low"], line["diff_high"], line["digits"], signed=True)
-            cells = [line["condition"], line["budget"], line["press"], difference, line["n"], line["verdict"]]
-            lines.append("| " + " | ".join(map(str, cells)) + " |")
-    (output / "scorecard.md").write_text("\n".join(lines) + "\n")
+    against_full = reference != FULL_CACHE
+    for prefix, against in (("", reference), *((("full_", FULL_CACHE),) if against_full else ())):
+        lines += comparison_section(summary, prefix, against, "the full cache" if against == FULL_CACHE else against)
+    (output / "scorecard.md").write_text("\n".join(lines + (appendix or [])) + "\n")
     plot_scores(output / "scorecard.png", summary, presses, budgets)
     plot_forest(output / "forest.png", summary, reference)
+
+
+def comparison_section(summary: pd.DataFrame, prefix: str, against: str, name: str) -> list[str]:
+    """The markdown of one set of paired comparisons: the tallies, then one line per real comparison."""
+    counts = wins_ties_losses(summary, prefix)
+    lines = ["", f"## Against {name}", ""]
+    if prefix == "":
+        lines += ["![differences](forest.png)", ""]
+    if counts.empty:
+        return [*lines, other_verdicts(summary, prefix) or "Nothing to compare."]
+    lines += [f"Wins / ties / losses against {name} (a tie is a paired interval that contains 0):", ""]
+    lines += [f"- {press}: {row['win']} / {row['tie']} / {row['loss']}" for press, row in counts.iterrows()]
+    lines += ["", other_verdicts(summary, prefix)] if other_verdicts(summary, prefix) else []
+    lines += [
+        "",
+        f"| condition | budget | press | difference vs {against} | n | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for _, line in summary[summary[f"{prefix}verdict"].isin(VERDICTS)].iterrows():
+        diff = [line[f"{prefix}diff"], line[f"{prefix}diff_low"], line[f"{prefix}diff_high"]]
+        difference = interval_text(*diff, line["digits"], signed=True)
+        cells = [line["condition"], line["budget"], line["press"], difference, line["n"], line[f"{prefix}verdict"]]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
 
 
 def legend_handles(presses: list[str]) -> list[Line2D]:
@@ -209,16 +298,19 @@ def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: 
     return figure
 
 
-def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure | None:
+def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
     """The paper's Figure 3 as a forest plot: a row per (condition, budget), a marker per press (its shape in the
-    legend) at its paired difference against the reference with its interval, coloured by verdict, around a zero
-    line. Benchmarks with their own scale (a condition prefix before the first space of ``LongBench ...``) get
-    panels of their own."""
-    compared = summary[summary["verdict"].isin(["win", "tie", "loss"])]
-    if compared.empty:
-        return None
+    legend) at its paired difference with its interval, coloured by verdict, around a zero line. A panel per
+    comparison (against the reference, then against the full cache), and within it per benchmark scale (the
+    ``digits`` a benchmark reports). Only real comparisons (win, tie, loss) are drawn."""
+    compared = comparisons(summary, reference)
+    if compared.empty:  # still a picture, so that no earlier one is left standing
+        figure = Figure(figsize=(5, 0.8), layout="constrained")
+        figure.text(0.5, 0.5, "no win / tie / loss: every pair identical, without signal, or too few", ha="center")
+        figure.savefig(path, dpi=110)
+        return figure
     presses = list(dict.fromkeys(compared["press"]))
-    groups = compared.groupby(compared["digits"], sort=False)
+    groups = list(compared.groupby(["against", "digits"], sort=False))
     heights = [len(group.groupby(["condition", "budget"])) for _, group in groups]
     legend_rows = -(-len(presses) // 4) + 1
     figure = Figure(
@@ -226,7 +318,7 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure | N
     )
     axes = figure.subplots(len(heights), 1, squeeze=False, height_ratios=[h + 1.5 for h in heights])[:, 0]
     spread = 0.7 / max(len(presses), 1)
-    for axis, (_, group) in zip(axes, groups, strict=True):
+    for axis, ((against, _), group) in zip(axes, groups, strict=True):
         rows = list(dict.fromkeys(zip(group["condition"], group["budget"], strict=True)))
         for position, (condition, budget) in enumerate(rows):
             for i, press in enumerate(presses):
@@ -238,13 +330,12 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure | N
                 line = line.iloc[0]
                 y = position + (i - (len(presses) - 1) / 2) * spread
                 errors = [[line["diff"] - line["diff_low"]], [line["diff_high"] - line["diff"]]]
-                color = VERDICT_COLORS[line["verdict"]]
                 axis.errorbar(
                     line["diff"],
                     y,
                     xerr=errors,
                     marker=MARKERS[i % len(MARKERS)],
-                    color=color,
+                    color=VERDICT_COLORS[line["verdict"]],
                     markersize=4,
                     capsize=2,
                     linewidth=1,
@@ -253,7 +344,8 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure | N
         axis.set_yticks(range(len(rows)), [f"{condition}, {budget}" for condition, budget in rows], fontsize=7)
         axis.set_ylim(len(rows) - 0.5, -0.5)
         axis.tick_params(axis="x", labelsize=7)
-        axis.set_xlabel(f"difference against {reference} (95% paired bootstrap interval)", fontsize=7)
+        name = "the full cache" if against == FULL_CACHE else against
+        axis.set_xlabel(f"difference against {name} (95% paired bootstrap interval)", fontsize=7)
         axis.grid(alpha=0.3, axis="x")
     verdicts = [Line2D([], [], marker="s", linestyle="", color=c, label=v) for v, c in VERDICT_COLORS.items()]
     figure.legend(

@@ -202,6 +202,22 @@ def test_the_combined_scorecard_refuses_a_run_twice_and_runs_of_two_models(finis
     (other / "run.json").write_text(json.dumps(record))
     assert scorecard_of(tmp_path, finished_run, other) == 2
     assert "the runs are of different models" in one_line_error(capsys)
+    record["config"]["model"], record["config"]["max_length"] = (
+        json.loads((finished_run / "run.json").read_text())["config"]["model"],
+        99,
+    )
+    (other / "run.json").write_text(json.dumps(record))
+    assert scorecard_of(tmp_path, finished_run, other) == 2
+    assert "max_length" in one_line_error(capsys)
+
+
+def test_an_unwritable_cache_is_named_with_what_to_set(tmp_path, monkeypatch):
+    from evaluation.errors import EvaluationError
+    from evaluation.models import SMOLLM2_ALIAS, ModelSettings
+
+    monkeypatch.setenv("KVET_CACHE", "/dev/null/cache")
+    with pytest.raises(EvaluationError, match=r"cannot write .*/dev/null/cache.*KVET_CACHE"):
+        ModelSettings(SMOLLM2_ALIAS).load()
 
 
 def test_a_scorecard_of_a_folder_whose_rows_are_another_protocols_says_so(finished_run, tmp_path, capsys):

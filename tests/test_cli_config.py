@@ -47,6 +47,7 @@ def test_a_value_means_what_the_same_flag_means(tmp_path, text, option, value):
         ("n: [1, 2]\n", "n takes one value, not a list"),
         ("presses: [{snapkv: 1}]\n", "presses takes values like --presses"),
         ("nn: 3\n", "unknown key 'nn'; did you mean --n?"),
+        ("press_name: rmm\npresses: [h2o]\n", "'press_name' and 'presses' both set --presses"),
         ("- n\n", "a mapping of option names to values, not list"),
     ],
 )

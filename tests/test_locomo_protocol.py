@@ -158,9 +158,11 @@ def test_stream_runs_resumes_and_writes_the_scorecard(model_dir, data_file, tmp_
     first_turn = {r["press"]: r["prediction"] for r in rows if r["turn"] == 0}
     assert first_turn["rmm"] == first_turn["h2o"], "out of regime on the first turn: RMM is H2O"
     scorecard = (output / "scorecard.md").read_text()
-    conditions = ("overall (1-4)", "first turn", "later turns", "evidence visible", "single-hop (4)", "adversarial (5)")
+    conditions = ("overall (1-4)", "first turn", "later turns", "temporal (2)", "adversarial (5)")
     for condition in conditions:
         assert f"| {condition} | 200 tokens |" in scorecard
+    # every evidence is visible, and the first turn is the one single-hop question: the same rows, reported once
+    assert "| evidence visible |" not in scorecard and "| single-hop (4) |" not in scorecard
     assert (output / "scorecard.png").stat().st_size > 0
 
     lines = (output / "predictions.jsonl").read_text().splitlines(keepends=True)

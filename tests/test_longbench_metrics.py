@@ -109,3 +109,23 @@ def test_rescoring_command(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == {"hotpotqa": 50.0, "trec": 100.0}
     assert main(["score", "longbench", str(path), "--per-row"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == [1.0, 1.0, 0.0]
+
+
+def test_a_generation_repeats_itself_when_one_sentence_comes_three_times():
+    from evaluation.longbench.degeneracy import degeneracy_lines, repeats_itself
+
+    assert repeats_itself("The storm hit. The storm hit! the storm hit.\nThen calm.")
+    assert not repeats_itself("The storm hit. The storm hit. Then calm.")
+    assert not repeats_itself("")
+    rows = [
+        {
+            "task": "multi_news",
+            "budget_label": "keep 50%",
+            "press": "h2o",
+            "generated_tokens": tokens,
+            "prediction": text,
+        }
+        for tokens, text in [(512, "A. A. A."), (100, "A. B."), (512, "C."), (20, "D.")]
+    ]
+    table = degeneracy_lines(rows, {"multi_news": 512})
+    assert "| multi_news | keep 50% | h2o | 4 | 50% | 25% |" in table

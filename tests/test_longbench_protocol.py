@@ -113,6 +113,8 @@ def test_the_whole_grid_runs_resumes_and_repeats_itself(model_dir, data_dir, tmp
         assert (output / name).stat().st_size > 0
     scorecard = (output / "scorecard.md").read_text()
     assert "| hotpotqa | keep 50% |" in scorecard and "| average | 100 tokens |" in scorecard
+    assert "| hotpotqa | keep 50% | snapkv | 2 |" in scorecard.split("## Generations at the cap")[1]
+    assert "## Against the full cache" in scorecard
     record = json.loads((output / "run.json").read_text())
     assert record["config"]["model"] == str(model_dir) and record["sessions"][0]["units_run"] == 4
     seconds = record["sessions"][0]["unit_seconds"]

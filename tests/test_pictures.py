@@ -24,10 +24,11 @@ def frame_for(presses: list[str]) -> pd.DataFrame:
     for condition, budget, (index, press) in itertools.product(CONDITIONS, BUDGETS, enumerate(presses)):
         for example in range(20):
             score = 0.4 + 0.02 * (index - len(presses) / 2) + rng.normal(0, 0.05)
-            records.append((condition, budget, press, (example,), score, False, 3))
+            records.append((condition, budget, press, (example,), score, False, None, 3, 1.0))
     for condition, example in itertools.product(CONDITIONS, range(20)):
-        records.append((condition, "full", "full", (example,), 0.5 + rng.normal(0, 0.05), False, 3))
-    return pd.DataFrame(records, columns=["condition", "budget", "press", "example", "score", "failed", "digits"])
+        records.append((condition, "full", "full", (example,), 0.5 + rng.normal(0, 0.05), False, None, 3, 1.0))
+    columns = ["condition", "budget", "press", "example", "score", "failed", "output", "digits", "ceiling"]
+    return pd.DataFrame(records, columns=columns)
 
 
 def overlapping_texts(figure) -> list[tuple[str, str]]:
@@ -53,7 +54,7 @@ def test_pictures_have_no_overlapping_text(tmp_path, count):
     verdicts = set(summary["verdict"]) - {"reference", "-"}
     assert verdicts <= {"win", "tie", "loss"} and verdicts
     height = forest.get_figheight()
-    rows = len(CONDITIONS) * len(BUDGETS)
+    rows = 2 * len(CONDITIONS) * len(BUDGETS)  # against h2o, and against the full cache
     assert height < 0.5 * rows + 4, "sized to its content, readable on one page"
 
 
@@ -62,6 +63,12 @@ def test_the_forest_plot_draws_every_compared_press_with_its_interval(tmp_path):
     summary = summarize(frame_for(presses), "h2o", resamples=200)
     forest = plot_forest(tmp_path / "forest.png", summary, "h2o")
     lines = [line for axis in forest.axes for line in axis.get_lines()]
-    assert sum(line.get_marker() in set(MARKERS) for line in lines) == 2 * len(CONDITIONS) * len(BUDGETS)
+    against_h2o, against_full = 2, 3  # tova and rmm against h2o; all three against the full cache
+    drawn = sum(line.get_marker() in set(MARKERS) for line in lines)
+    assert drawn == (against_h2o + against_full) * len(CONDITIONS) * len(BUDGETS)
+    assert [axis.get_xlabel().split(" (")[0] for axis in forest.axes] == [
+        "difference against h2o",
+        "difference against the full cache",
+    ]
     legend = [text.get_text() for text in forest.legends[0].get_texts()]
-    assert legend == ["tova", "rmm", "win", "tie", "loss"]
+    assert legend == ["tova", "rmm", "h2o", "win", "tie", "loss"]

@@ -99,6 +99,8 @@ def test_literals_strings_and_import_paths_are_what_they_look_like():
 
 
 def test_check_presses_reports_a_press_no_budget_can_set_in_one_line():
-    with pytest.raises(EvaluationError, match="DMSPress evicts the keys scoring below its threshold") as error:
+    with pytest.raises(
+        EvaluationError, match="DMSPress evicts by a score threshold, so no budget sets its size"
+    ) as error:
         check_presses(["kvzap_mlp"])
     assert "\n" not in str(error.value)

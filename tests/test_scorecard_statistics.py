@@ -108,3 +108,65 @@ def test_the_scorecard_command_refuses_runs_that_disagree_on_examples(tmp_path, 
     assert (
         "the runs disagree on examples (1 only in the reference, e.g. [('hotpotqa', 'q39')]" in capsys.readouterr().err
     )
+
+
+def verdict_frame(cells: dict[str, list[tuple[float, str]]], condition: str = "c") -> list[dict]:
+    """Rows of one condition and budget: per press, (score, prediction) per example; the full cache too."""
+    return [
+        {
+            "condition": condition,
+            "budget": "full" if press == "full" else "b",
+            "press": press,
+            "example": (i,),
+            "score": score,
+            "failed": False,
+            "output": output,
+            "digits": 3,
+            "ceiling": 1.0,
+        }
+        for press, values in cells.items()
+        for i, (score, output) in enumerate(values)
+    ]
+
+
+def test_verdicts_say_what_the_pairs_carry():
+    """identical (same outputs), no signal (both at the floor), too few (under 10 pairs), else the interval."""
+    import pandas as pd
+
+    from evaluation.scorecard import summarize
+
+    n = 12
+    varied = [(0.1 * (i % 5), f"a{i}") for i in range(n)]
+    rows = verdict_frame(
+        {
+            "full": [(s + 0.5, o + "!") for s, o in varied],
+            "h2o": varied,
+            "same": varied,  # the same outputs as h2o in every pair
+            "better": [(s + 0.4, f"b{i}") for i, (s, _) in enumerate(varied)],
+        }
+    )
+    rows += verdict_frame({"full": [(0.0, "x")] * n, "h2o": [(0.0, "y")] * n, "zero": [(0.0, "z")] * n}, "floor")
+    rows += verdict_frame(
+        {"full": varied[:9], "h2o": varied[:9], "few": [(s + 0.4, "q") for s, _ in varied[:9]]}, "few"
+    )
+    summary = summarize(pd.DataFrame(rows), "h2o", resamples=500).set_index(["condition", "press"])
+    assert summary.loc[("c", "same"), "verdict"] == "identical"
+    assert summary.loc[("c", "better"), "verdict"] == "win"
+    assert summary.loc[("floor", "zero"), "verdict"] == "no signal"
+    assert summary.loc[("few", "few"), "verdict"] == "too few" and pd.isna(summary.loc[("few", "few"), "diff"])
+    # against the full cache (its own budget row), every press at its condition: both lose here
+    assert summary.loc[("c", "h2o"), "full_verdict"] == summary.loc[("c", "better"), "full_verdict"] == "loss"
+    assert summary.loc[("c", "better"), "full_diff"] == pytest.approx(-0.1)
+    assert summary.loc[("c", "h2o"), "full_diff"] == pytest.approx(-0.5)
+    assert summary.loc[("floor", "h2o"), "full_verdict"] == "no signal"
+
+
+def test_a_condition_holding_exactly_another_conditions_rows_is_reported_once():
+    from evaluation.benchmark import Benchmark
+    from evaluation.scorecard import scores_frame
+
+    both = Benchmark(
+        "B", lambda row: ["overall", "visible", *(["odd"] if row["i"] % 2 else [])], lambda r: r["i"], 1, 3
+    )
+    rows = [{"i": i, "budget_label": "b", "press": "p", "score": 0.5} for i in range(4)]
+    assert list(dict.fromkeys(scores_frame(both, rows)["condition"])) == ["overall", "odd"]

@@ -156,6 +156,8 @@ def load_task(data_dir: Path, task: str, n: int | None = None) -> list[Example]:
         answers = row["answers"]
         if not isinstance(answers, list) or not all(isinstance(answer, str) for answer in answers):
             raise EvaluationError(f"{path}: row {number} ({row['_id']}): answers must be a list of strings")
+        if not answers:
+            raise EvaluationError(f"{path}: row {number} ({row['_id']}): no gold answers, so any prediction scores 0")
         if row["_id"] in seen:
             raise EvaluationError(f"{path}: row {number} repeats the _id {row['_id']}: every example needs its own")
         seen.add(row["_id"])

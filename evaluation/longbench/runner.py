@@ -34,10 +34,11 @@ from evaluation.longbench.data import (
     resolve_data_dir,
     what_a_run_downloads,
 )
+from evaluation.longbench.degeneracy import degeneracy_lines
 from evaluation.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
 from evaluation.metrics.longbench import sample_score
 from evaluation.models import ModelSettings, context_length, what_loading_fetches
-from evaluation.press_needs import SHARED, compresses_while_decoding, describe, needs
+from evaluation.press_needs import SHARED, compresses_while_decoding, describe, needs, question_position
 from evaluation.press_specs import FULL_CACHE, check_presses, make_press
 from evaluation.run_record import RunRecord, fingerprint
 from evaluation.scorecard import scores_frame, summarize, write_scorecard
@@ -186,14 +187,15 @@ def run_shared(
     presses = [make_press(name, ratio_for(budget, length), length) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
-    rows, derived = [], []
+    rows, derived, starts = [], [], []
     for press_name, budget in cells:
         press = presses.pop(0)  # once its cache is built, nothing it holds is needed while decoding
         try:
             derived.append((press_name, budget, history.compress(press)))
+            starts.append(question_position(press, length, derived[-1][2].cache.get_seq_length()))
         except PressCannotRun as error:
             rows.append(failed_row(example, press_name, budget, length, "shared", error))
-    length, first_logits = history.length, history.newest_logits
+    first_logits = history.newest_logits
     for _, _, cache in derived:
         cache.owned = True  # the history is done with: the batch takes over its cache too (the full-cache cell's)
     del history
@@ -201,7 +203,7 @@ def run_shared(
         model,
         [cache for _, _, cache in derived],
         prompt.question_ids,
-        length,
+        starts,
         task_config.max_new_tokens,
         stop_ids(model, tokenizer, example.task),
         first_logits,
@@ -329,7 +331,7 @@ def run(config: LongBenchConfig, backend: Backend = LOCAL) -> Path:
     units = [Unit(f"{e.task}/{e.id}", e, frozenset(cell_key((e, *cell)) for cell in press_budgets)) for e in examples]
     work = partial(run_example, config=config, task_configs=task_configs, cells=press_budgets)
     outcome = run_units(units, work, config.model, store, backend)
-    write_longbench_scorecard(config.output, store.rows, config.presses, config.budgets)
+    write_longbench_scorecard(config.output, store.rows, config.presses, config.budgets, task_configs)
     record.finish(outcome, backend=backend.kind)
     outcome.raise_failures(backend.retries)
     return config.output
@@ -353,10 +355,14 @@ def with_average(summary: pd.DataFrame) -> pd.DataFrame:
     groups = summary.groupby(["budget", "press"], sort=False)
     means = groups.agg(mean=("mean", "mean"), n=("n", "sum"), failed=("failed", "sum"), tasks=("mean", "count"))
     means = means[means.pop("tasks") == tasks].reset_index()
-    return pd.concat([summary, means.assign(condition="average", digits=2, verdict="-")], ignore_index=True)
+    return pd.concat(
+        [summary, means.assign(condition="average", digits=2, verdict="-", full_verdict="-")], ignore_index=True
+    )
 
 
-def write_longbench_scorecard(output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]) -> None:
+def write_longbench_scorecard(
+    output: Path, rows: list[dict], presses: list[str], budgets: list[Budget], task_configs: dict[str, TaskConfig]
+) -> None:
     if rows:
         summary = with_average(summarize(scores_frame(BENCHMARK, rows), REFERENCE))
         note = (
@@ -365,4 +371,6 @@ def write_longbench_scorecard(output: Path, rows: list[dict], presses: list[str]
             "task scores."
         )
         labels = [b.label for b in budgets]
-        write_scorecard(output, summary, f"LongBench: {output.name}", note, REFERENCE, presses, labels)
+        caps = {task: task_config.max_new_tokens for task, task_config in task_configs.items()}
+        appendix = degeneracy_lines(rows, caps)
+        write_scorecard(output, summary, f"LongBench: {output.name}", note, REFERENCE, presses, labels, appendix)

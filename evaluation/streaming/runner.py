@@ -16,13 +16,13 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.backends import LOCAL, Backend, Unit, interactive, run_units
+from evaluation.backends import LOCAL, Backend, Unit, run_units
 from evaluation.budgets import OVER_THE_CONTEXT, Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.engine.history import History
 from evaluation.errors import EvaluationError, PressCannotRun
 from evaluation.generation import decode_batch, eos_ids, generate
 from evaluation.models import ModelSettings, context_length, local_model, what_loading_fetches
-from evaluation.press_needs import SHARED, describe, needs
+from evaluation.press_needs import SHARED, describe, needs, question_position
 from evaluation.press_specs import check_presses, make_press
 from evaluation.run_record import RunRecord
 from evaluation.scorecard import scores_frame, summarize, write_scorecard
@@ -41,6 +41,7 @@ from evaluation.streaming.placements import (
     turn_room,
 )
 from evaluation.streaming.task import StreamTask, stream_task
+from evaluation.terminal import interactive
 
 REFERENCE = "h2o"
 
@@ -199,11 +200,12 @@ class ConversationRun:
         under itself (``generate``)."""
         ratios = [ratio_for(budget, history.length) for _, budget in cells]
         presses = [make_press(name, ratio, history.length) for (name, _), ratio in zip(cells, ratios, strict=True)]
-        caches, refused = {}, {}
+        caches, refused, starts = {}, {}, {}
         for i, press in enumerate(presses):
             if history.can_serve(press):
                 try:
                     caches[i] = history.compress(press)
+                    starts[i] = question_position(press, history.length, caches[i].cache.get_seq_length())
                 except PressCannotRun as error:
                     refused[i] = error
                 presses[i] = None  # its cache is built: nothing it holds is needed while decoding
@@ -212,7 +214,7 @@ class ConversationRun:
             self.model,
             list(caches.values()),
             asked,
-            history.length,
+            list(starts.values()),
             self.config.max_new_tokens,
             self.stop,
             consume=True,

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.backends import LOCAL, Backend, Unit, interactive, run_units
+from evaluation.backends import LOCAL, Backend, Unit, run_units
 from evaluation.benchmark import Benchmark
 from evaluation.budgets import Budget
 from evaluation.errors import EvaluationError
@@ -25,6 +25,7 @@ from evaluation.models import ModelSettings
 from evaluation.run_record import RunRecord, fingerprint
 from evaluation.scorecard import scores_frame, summarize, write_scorecard
 from evaluation.store import ResultStore
+from evaluation.terminal import interactive
 from evaluation.traces import H2O_WINDOW, controlled
 from evaluation.traces.policies import (
     LAG_SWEEP,
