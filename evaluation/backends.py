@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from evaluation.errors import EvaluationError, refused_write
+from evaluation.errors import EvaluationError, first_line, refused_write
 from evaluation.store import MemoryStore, ResultStore
 from evaluation.terminal import interactive
 
@@ -183,7 +183,7 @@ def run_on_ray(units: list[Unit], work: Work, model: ModelSettings, store: Resul
             ray.init(address=backend.address, include_dashboard=False, log_to_driver=False)
         except ConnectionError as error:
             raise EvaluationError(
-                f"--ray-address {backend.address}: no Ray cluster answers ({str(error).splitlines()[0]}); start one "
+                f"--ray-address {backend.address}: no Ray cluster answers ({first_line(error)}); start one "
                 "(ray start --head) or leave --ray-address out to start a local instance"
             ) from None
     workers, options = worker_options(model, ray.cluster_resources(), backend.workers)

@@ -29,28 +29,26 @@ def benchmark_of(protocol: str) -> Benchmark | None:
 
 
 def load_runs(run_dirs: list[Path]) -> tuple[list[tuple[Benchmark, list[dict]]], list[str]]:
-    """The runs to pool (each folder once, all of one model: name and precision), and those whose last session has
-    not finished (still running, or cut off): their rows so far."""
+    """The runs to pool (each folder once, all of one model: name and precision, and runs of one protocol under
+    one setting), and those whose last session has not finished (still running, or cut off): their rows so far."""
     seen = [run.resolve() for run in run_dirs]
     twice = sorted({str(run) for run in seen if seen.count(run) > 1})
     if twice:
         raise EvaluationError(f"run {', '.join(twice)} is given twice: its examples would count twice")
     loaded = [load_run(run) for run in run_dirs]
-    check_same_settings(run_dirs)
-    models = {run: model for run, (_, _, model) in zip(run_dirs, loaded, strict=True)}
+    records = {run: record for run, (_, _, record) in zip(run_dirs, loaded, strict=True)}
+    check_same_settings(records)
+    models = {run: (str(r["config"].get("model")), str(r["config"].get("dtype"))) for run, r in records.items()}
     if len(set(models.values())) > 1:
         listed = "; ".join(f"{run}: {' '.join(model)}" for run, model in models.items())
         raise EvaluationError(f"the runs are of different models ({listed}): pool the runs of one model")
-    partial = [str(run) for run in run_dirs if not finished_session(run)]
+    partial = [str(run) for run, record in records.items() if not finished(record)]
     return [(benchmark, rows) for benchmark, rows, _ in loaded], partial
 
 
-def finished_session(run_dir: Path) -> bool:
-    """Whether the folder's last session finished (False while it runs, or after it was cut off)."""
-    from evaluation.run_record import read_record
-
-    sessions = read_record(run_dir / "run.json")["sessions"]
-    return bool(sessions) and bool(sessions[-1].get("finished"))
+def finished(record: dict) -> bool:
+    """Whether a run's last session finished (False while it runs, or after it was cut off)."""
+    return bool(record["sessions"]) and bool(record["sessions"][-1].get("finished"))
 
 
 POOLED_SETTINGS = (  # what changes every score of a protocol's run, beside the model: runs that differ stay apart
@@ -66,13 +64,10 @@ POOLED_SETTINGS = (  # what changes every score of a protocol's run, beside the 
 )
 
 
-def check_same_settings(run_dirs: list[Path]) -> None:
+def check_same_settings(records: dict[Path, dict]) -> None:
     """Runs of one protocol are pooled only under the same results-defining settings."""
-    from evaluation.run_record import read_record
-
     first: dict[str, tuple[Path, dict]] = {}
-    for run in run_dirs:
-        record = read_record(run / "run.json")
+    for run, record in records.items():
         config, protocol = record["config"], record.get("protocol", "")
         if protocol not in first:
             first[protocol] = (run, config)
@@ -86,8 +81,8 @@ def check_same_settings(run_dirs: list[Path]) -> None:
                 )
 
 
-def load_run(run_dir: Path) -> tuple[Benchmark, list[dict], tuple[str, str]]:
-    """A run folder's benchmark, rows and model (name, dtype)."""
+def load_run(run_dir: Path) -> tuple[Benchmark, list[dict], dict]:
+    """A run folder's benchmark, rows and run.json record."""
     from evaluation.run_record import read_record
 
     record_path = run_dir / "run.json"
@@ -112,8 +107,7 @@ def load_run(run_dir: Path) -> tuple[Benchmark, list[dict], tuple[str, str]]:
         ) from None
     except ValueError as error:
         raise EvaluationError(f"{run_dir}/predictions.jsonl: {error}") from None
-    config = record["config"]
-    return benchmark, rows, (str(config.get("model")), str(config.get("dtype")))
+    return benchmark, rows, record
 
 
 def write_combined(

@@ -23,8 +23,13 @@ def press_refusals(press: object) -> Iterator[None]:
     try:
         yield
     except (AssertionError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise PressCannotRun(f"{type(press).__name__}: {reason}") from error
+        raise PressCannotRun(f"{type(press).__name__}: {first_line(error)}") from error
+
+
+def first_line(error: BaseException) -> str:
+    """An error's message in one line (its first), or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.ENOTDIR}

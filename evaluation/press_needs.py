@@ -11,7 +11,8 @@ hook on it (``evaluation.engine``). What to keep is declared here, per press cla
   the eager matrix; ``RMMPress`` its own statistic, handed through the attention module;
 - ``path``: ``shared`` (the engine runs its hook on the stored inputs), ``own-prefill`` (it runs forward passes of
   its own, or mixes H2O's sums with presses that read attention rows: a prefill under the press per cell, per
-  question on the streaming protocols) or ``decoding`` (it compresses while the answer is generated).
+  question on the streaming protocols), ``decoding`` (it compresses while the answer is generated) or ``refused``
+  (it cannot run on these protocols at all: ``refusal`` says why).
 
 A class not declared here is read conservatively: every row, no sums, and its own prefill if it replaces
 KVPress's context manager or forward hook. Wrappers take the union of what their presses read.
@@ -48,6 +49,7 @@ class Declared:
     rows: object = ALL  # an int, ALL, or a function of the press
     path: str = SHARED
     blind: bool = False  # never reads the attention weights (so H2O's stand-in may reach it)
+    refusal: str = ""  # why it cannot run on these protocols at all (path REFUSED)
 
 
 @cache
@@ -82,7 +84,11 @@ def declarations() -> dict[type, Declared]:
         k.PerLayerCompressionPress: wrapper,
         **dict.fromkeys([k.DecodingPress, k.CAMPress, k.CompressionRatioDecodingPress], Declared(path=DECODING)),
         k.PrefillDecodingPress: Declared(path=DECODING),
-        k.DMSPress: Declared(path=DECODING),
+        k.DMSPress: Declared(
+            path=REFUSED,
+            refusal="DMSPress evicts by a score threshold, so no budget sets its size, and these protocols compare "
+            "presses at equal budgets: give its scorer alone, e.g. kvzap(model_type='mlp')",
+        ),
         **dict.fromkeys(
             [k.KVzipPress, k.FastKVzipPress, k.KVComposePress, k.KVgradPress, k.RestoreKVPress, k.FinchPress],
             Declared(path=OWN_PREFILL),
@@ -99,7 +105,7 @@ def declared(press: BasePress) -> Declared:
     hooks = type(press).__call__ is not BasePress.__call__ or type(press).forward_hook is not BasePress.forward_hook
     base = next((declarations()[cls] for cls in type(press).__mro__[1:] if cls in declarations()), Declared())
     # a subclass may read more than its base: every row, and its own prefill if its base or its hooks need one
-    return Declared(path=base.path if base.path != SHARED else OWN_PREFILL if hooks else SHARED)
+    return Declared(path=base.path if base.path != SHARED else OWN_PREFILL if hooks else SHARED, refusal=base.refusal)
 
 
 def _sums(press: BasePress) -> set[ColumnSums]:
@@ -129,7 +135,7 @@ def _after_eviction(press: BasePress) -> list[BasePress]:
 
 def needs(press: BasePress) -> Needs:
     """What ``press`` (a wrapper with every press it holds) reads of a prefill, and its path."""
-    from kvpress import DMSPress, ObservedAttentionPress
+    from kvpress import ObservedAttentionPress
 
     from presses import RMMPress, TOVAPress
 
@@ -141,20 +147,14 @@ def needs(press: BasePress) -> Needs:
     late = _after_eviction(press)
     if any(type(p) in (TOVAPress, RMMPress) for p in late):
         rows.append(ALL)  # after another press evicted, ours score the prompt's keys, recomputed from every row
-    if any(isinstance(p, DMSPress) for p in presses):
-        return Needs(
-            REFUSED,
-            ALL,
-            refusal="DMSPress evicts by a score threshold, so no budget sets its size, and these protocols compare "
-            "presses at equal budgets: give its scorer alone, e.g. kvzap(model_type='mlp')",
-        )
+    refusals = [d.refusal for d in own if d.path == REFUSED]
     if any(isinstance(p, ObservedAttentionPress) for p in late):
-        return Needs(
-            REFUSED,
-            ALL,
-            refusal="ObservedAttentionPress after a press that evicts sums attention over keys "
-            "that press removed (KVPress's ComposedPress documents it fails): put it first",
+        refusals.append(
+            "ObservedAttentionPress after a press that evicts sums attention over keys "
+            "that press removed (KVPress's ComposedPress documents it fails): put it first"
         )
+    if refusals:
+        return Needs(REFUSED, ALL, refusal=refusals[0])
     readers = [p for p in presses if isinstance(p, ObservedAttentionPress)]
     exact = all(type(p) is ObservedAttentionPress for p in readers)
     if readers and not (exact and all(d.blind or p in readers for p, d in zip(presses, own, strict=True))):

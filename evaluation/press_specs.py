@@ -27,7 +27,7 @@ import inspect
 import re
 from dataclasses import dataclass, fields, is_dataclass
 
-from evaluation.errors import EvaluationError
+from evaluation.errors import EvaluationError, first_line
 from evaluation.kvpress_registry import COMPOSITES, FULL_CACHE, NO_PRESS, known_names, press_classes, set_ratio
 
 DEFAULT_PRESSES = (FULL_CACHE, "snapkv", "h2o", "streaming_llm", "tova", "rmm")
@@ -167,7 +167,7 @@ def _press_class(name: str, spec: str) -> type:
     try:
         found = getattr(importlib.import_module(module), attribute)
     except Exception as error:  # importing runs the module: whatever it raises is reported in one line
-        raise EvaluationError(f"press spec {spec!r}: cannot import {name} ({_first_line(error)})") from error
+        raise EvaluationError(f"press spec {spec!r}: cannot import {name} ({first_line(error)})") from error
     if not (inspect.isclass(found) and issubclass(found, BasePress)):
         raise EvaluationError(
             f"press spec {spec!r}: {name} is not a press (a subclass of KVPress's BasePress); a spec names presses only"
@@ -191,7 +191,7 @@ def _build(call: PressCall, spec: str) -> object:
     try:
         return cls(*args, **kwargs)
     except Exception as error:  # a press refusing its parameters, in its own words, on one line
-        raise EvaluationError(f"press spec {spec!r}: {cls.__name__}: {_first_line(error)}") from error
+        raise EvaluationError(f"press spec {spec!r}: {cls.__name__}: {first_line(error)}") from error
 
 
 def _built(value: object, spec: str) -> object:
@@ -200,11 +200,6 @@ def _built(value: object, spec: str) -> object:
     if isinstance(value, (list, tuple)):
         return type(value)(_built(item, spec) for item in value)
     return value
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def canonical(spec: str) -> str:

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evaluation.errors import EvaluationError
+from evaluation.errors import EvaluationError, first_line
 
 if TYPE_CHECKING:
     from evaluation.backends import Outcome
@@ -124,7 +124,7 @@ def read_record(path: Path) -> dict:
         if not reason and not isinstance(record.get("sessions"), list):
             reason = "no sessions"
     except (OSError, ValueError) as error:
-        reason = str(error).splitlines()[0]
+        reason = first_line(error)
     if reason:
         raise EvaluationError(
             f"{path} is damaged ({reason}), so the settings of the finished cells are unknown: restore it from a "

@@ -59,6 +59,16 @@ def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd
 VERDICTS = ("win", "tie", "loss")  # the comparisons an interval decides; the tallies and forest plots count these
 
 
+def baselines(reference: str) -> list[tuple[str, str]]:
+    """What every press is paired with: (column prefix, press), the reference, then the full cache unless it is the
+    reference."""
+    return [("", reference)] + ([("full_", FULL_CACHE)] if reference != FULL_CACHE else [])
+
+
+def baseline_name(against: str) -> str:
+    return "the full cache" if against == FULL_CACHE else against
+
+
 def summarize(frame: pd.DataFrame, reference: str, resamples: int = RESAMPLES, seed: int = SEED) -> pd.DataFrame:
     """Per (condition, budget, press): mean, 95% bootstrap interval, n, failed cells, and the paired difference
     on the examples both ran, its interval and verdict, against ``reference`` at the same condition and budget
@@ -78,7 +88,7 @@ def summarize(frame: pd.DataFrame, reference: str, resamples: int = RESAMPLES, s
         lines.append(line)
     summary = pd.DataFrame(lines)
     cells = {key: group.set_index("example") for key, group in frame.groupby(keys, sort=False)}
-    for prefix, against in (("", reference), ("full_", FULL_CACHE)):
+    for prefix, against in baselines(reference):
         summary[f"{prefix}verdict"] = ["reference" if press == against else "-" for press in summary["press"]]
         for index, line in summary.iterrows():
             base_budget = FULL_CACHE if against == FULL_CACHE else line["budget"]
@@ -93,6 +103,10 @@ def summarize(frame: pd.DataFrame, reference: str, resamples: int = RESAMPLES, s
             if difference is not None:
                 columns = [f"{prefix}diff", f"{prefix}diff_low", f"{prefix}diff_high"]
                 summary.loc[index, columns] = difference.mean, difference.low, difference.high
+    if reference == FULL_CACHE:  # the pairing with the full cache is the pairing with the reference
+        for name in ("diff", "diff_low", "diff_high", "verdict"):
+            if name in summary:
+                summary[f"full_{name}"] = summary[name]
     for column in (
         "mean",
         "low",
@@ -134,13 +148,11 @@ def wins_ties_losses(summary: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
 def comparisons(summary: pd.DataFrame, reference: str) -> pd.DataFrame:
     """Every real comparison (win, tie or loss) in long form: against the reference, then against the full cache."""
     parts = []
-    for prefix, against in (("", reference), ("full_", FULL_CACHE)):
+    for prefix, against in baselines(reference):
         chosen = summary[summary[f"{prefix}verdict"].isin(VERDICTS)]
         renamed = {f"{prefix}{name}": name for name in ("diff", "diff_low", "diff_high", "verdict")}
         part = chosen[["condition", "budget", "press", "n", "digits", *renamed]].rename(columns=renamed)
         parts.append(part.assign(against=against))
-        if against == reference == FULL_CACHE:
-            break
     return pd.concat(parts, ignore_index=True)
 
 
@@ -213,17 +225,16 @@ def write_scorecard(
             rows.append(f"| {condition} | {budget} | " + " | ".join(texts) + " |")
     lines = [f"# {title}", "", note, "", "![scores](scorecard.png)", ""]
     lines += ["| condition | budget | " + " | ".join(presses) + " |", "|---|---|" + "---|" * len(presses), *rows]
-    against_full = reference != FULL_CACHE
-    for prefix, against in (("", reference), *((("full_", FULL_CACHE),) if against_full else ())):
-        lines += comparison_section(summary, prefix, against, "the full cache" if against == FULL_CACHE else against)
+    for prefix, against in baselines(reference):
+        lines += comparison_section(summary, prefix, against)
     (output / "scorecard.md").write_text("\n".join(lines + (appendix or [])) + "\n")
     plot_scores(output / "scorecard.png", summary, presses, budgets)
     plot_forest(output / "forest.png", summary, reference)
 
 
-def comparison_section(summary: pd.DataFrame, prefix: str, against: str, name: str) -> list[str]:
+def comparison_section(summary: pd.DataFrame, prefix: str, against: str) -> list[str]:
     """The markdown of one set of paired comparisons: the tallies, then one line per real comparison."""
-    counts = wins_ties_losses(summary, prefix)
+    counts, name = wins_ties_losses(summary, prefix), baseline_name(against)
     lines = ["", f"## Against {name}", ""]
     if prefix == "":
         lines += ["![differences](forest.png)", ""]
@@ -344,8 +355,7 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
         axis.set_yticks(range(len(rows)), [f"{condition}, {budget}" for condition, budget in rows], fontsize=7)
         axis.set_ylim(len(rows) - 0.5, -0.5)
         axis.tick_params(axis="x", labelsize=7)
-        name = "the full cache" if against == FULL_CACHE else against
-        axis.set_xlabel(f"difference against {name} (95% paired bootstrap interval)", fontsize=7)
+        axis.set_xlabel(f"difference against {baseline_name(against)} (95% paired bootstrap interval)", fontsize=7)
         axis.grid(alpha=0.3, axis="x")
     verdicts = [Line2D([], [], marker="s", linestyle="", color=c, label=v) for v, c in VERDICT_COLORS.items()]
     figure.legend(

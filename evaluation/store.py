@@ -39,13 +39,9 @@ class ResultStore:
                 handle.truncate(len(complete))
         for line_number, raw in enumerate(complete.splitlines(), start=1):
             where = f"{self.path}:{line_number}"
+            row = json_line(raw, where, "malformed result line", f"; {DAMAGED}")
             try:
-                row = json.loads(raw.decode("utf-8"))
                 key = self.key(row)
-            except UnicodeDecodeError as error:
-                raise EvaluationError(f"{where}: not UTF-8 text ({error.reason}); {DAMAGED}") from error
-            except json.JSONDecodeError as error:
-                raise EvaluationError(f"{where}: malformed result line ({error.msg}); {DAMAGED}") from error
             except (KeyError, TypeError, AttributeError) as error:
                 raise EvaluationError(f"{where}: a JSON line, not a result row (no {error}); {DAMAGED}") from None
             if key in self.by_key:
@@ -79,13 +75,18 @@ def read_rows(path: Path) -> list[dict]:
     rows = []
     for line_number, raw in enumerate(path.read_bytes().splitlines(), start=1):
         if raw.strip():
-            try:
-                rows.append(json.loads(raw.decode("utf-8")))
-            except UnicodeDecodeError as error:
-                raise EvaluationError(f"{path}:{line_number}: not UTF-8 text ({error.reason})") from error
-            except json.JSONDecodeError as error:
-                raise EvaluationError(f"{path}:{line_number}: malformed JSON line ({error.msg})") from error
+            rows.append(json_line(raw, f"{path}:{line_number}", "malformed JSON line"))
     return rows
+
+
+def json_line(raw: bytes, where: str, malformed: str, advice: str = "") -> object:
+    """One line of a JSONL file; bytes that are not UTF-8 or JSON are an error naming ``where`` (file:line)."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise EvaluationError(f"{where}: not UTF-8 text ({error.reason}){advice}") from error
+    except json.JSONDecodeError as error:
+        raise EvaluationError(f"{where}: {malformed} ({error.msg}){advice}") from error
 
 
 class MemoryStore(ResultStore):

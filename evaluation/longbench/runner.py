@@ -302,7 +302,7 @@ def dry_run(config: LongBenchConfig) -> str:
     count = "every" if bound is None else times(1)
     lines = [
         f"LongBench: {count} examples ({', '.join(config.tasks)}) x {len(cells)} cells = {times(len(cells))} cells, "
-        f"model {config.model.name} ({config.model.dtype}, {config.model.attn_implementation}, {config.model.device})",
+        f"model {config.model.label}",
         *(
             f"  {press} @ {budget_label(budget)}" + ("" if (press, budget) in shared else " (per-cell path)")
             for press, budget in cells

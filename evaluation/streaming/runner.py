@@ -338,32 +338,35 @@ def checked_cells(config: StreamConfig) -> list[Cell]:
 def dry_run(config: StreamConfig) -> str:
     """The stream and the work it takes, without a model, the network or a file written: where the data or the
     model is not local, what a real run would fetch."""
-    task, cells = stream_task(config.task), checked_cells(config)
+    task = stream_task(config.task)
     fetched = [task.downloads(config), what_loading_fetches(config.model.name)]
-    settings = config.model
-    model = f"model {settings.name} ({settings.dtype}, {settings.attn_implementation}, {settings.device})"
-    grid = [f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells]
     if fetched[0]:
+        cells = checked_cells(config)
         asked = f"{len(config.conversations)} conversations" if config.conversations else "every conversation"
         lines = [
             f"{task.benchmark.name} ({config.placement} placement, {config.history} history): {asked} x "
-            f"{len(cells)} cells (questions counted once the data is local), {model}",
-            *grid,
+            f"{len(cells)} cells (questions counted once the data is local), model {config.model.label}",
+            *grid_lines(cells),
         ]
     else:
-        lines = plan(config, model, grid)
+        lines = plan(config)
     return "\n".join(lines + [f"a real run first fetches: {item}" for item in fetched if item])
 
 
-def plan(config: StreamConfig, model: str, grid: list[str]) -> list[str]:
+def grid_lines(cells: list[Cell]) -> list[str]:
+    return [f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells]
+
+
+def plan(config: StreamConfig) -> list[str]:
+    """The work of a stream whose data is local."""
     _, conversations, cells = prepare(config)
     questions = sum(len(asked_questions(c, config)) for c in conversations)
     histories = len(conversations) * (1 if config.history == "gold" else len(cells))
     name = stream_task(config.task).benchmark.name
     lines = [
         f"{name} ({config.placement} placement, {config.history} history): {len(conversations)} conversations, "
-        f"{questions} questions x {len(cells)} cells = {questions * len(cells)} answers, {model}",
-        *grid,
+        f"{questions} questions x {len(cells)} cells = {questions * len(cells)} answers, model {config.model.label}",
+        *grid_lines(cells),
         f"prefills: {histories} growing histories, extended by every session and turn (re-prefilled only at the "
         "evidence placement's restarts when the context is full); a press on its own prefill re-prefills the history "
         "before each of its questions",
