@@ -73,8 +73,9 @@ def summarize(frame: pd.DataFrame, reference: str, resamples: int = RESAMPLES, s
     """Per (condition, budget, press): mean, 95% bootstrap interval, n, failed cells, and the paired difference
     on the examples both ran, its interval and verdict, against ``reference`` at the same condition and budget
     (``diff``, ``diff_low``, ``diff_high``, ``verdict``) and against the full cache (``full_``...). A verdict is
-    "identical" when both sides gave the same output in every pair, "no signal" when both scored the floor (or
-    both the ceiling) in every pair, "too few" under ``MIN_PAIRS`` pairs, else win, tie (the interval contains 0)
+    "identical" when both sides gave the same output in every pair (where a protocol records no output: the same
+    score), "no signal" when both scored the floor (or both the ceiling) in every pair, or different outputs the
+    same score in every pair, "too few" under ``MIN_PAIRS`` pairs, else win, tie (the interval contains 0)
     or loss; "reference" for the side compared with, "-" with nothing to compare."""
     keys = ["condition", "budget", "press"]
     lines = []
@@ -126,11 +127,14 @@ def summarize(frame: pd.DataFrame, reference: str, resamples: int = RESAMPLES, s
 def compare(cell: pd.DataFrame, base: pd.DataFrame, label: str, resamples: int, seed: int) -> tuple[str, object]:
     """The verdict of ``cell`` against ``base`` (both indexed by example) and the paired interval behind it."""
     pairs = cell.join(base, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
-    if len(pairs) and pairs["output"].notna().all() and (pairs["output"] == pairs["output_base"]).all():
+    outputs = pairs["output"].notna().all()
+    if len(pairs) and outputs and (pairs["output"] == pairs["output_base"]).all():
         return "identical", None
     scores = np.concatenate([pairs["score"].to_numpy(), pairs["score_base"].to_numpy()])
     if len(pairs) and (np.all(scores == 0) or np.all(scores == pairs["ceiling"].iloc[0])):
         return "no signal", None
+    if len(pairs) and (pairs["score"] == pairs["score_base"]).all():  # a [0, 0] interval: never a tie
+        return ("no signal" if outputs else "identical"), None
     if len(pairs) < MIN_PAIRS:
         return "too few", None
     difference = paired(dict(cell["score"]), dict(base["score"]), label, resamples, seed)
@@ -161,8 +165,8 @@ def other_verdicts(summary: pd.DataFrame, prefix: str) -> str:
     counts = summary[f"{prefix}verdict"].value_counts()
     named = [f"{counts[v]} {v}" for v in ("identical", "no signal", "too few") if v in counts]
     return (
-        f"Not compared: {', '.join(named)} (identical: the same output in every pair; no signal: both at the floor "
-        f"or both at the ceiling in every pair; too few: under {MIN_PAIRS} pairs)."
+        f"Not compared: {', '.join(named)} (identical: the same output in every pair; no signal: both at the floor, "
+        f"both at the ceiling, or the same score in every pair; too few: under {MIN_PAIRS} pairs)."
         if named
         else ""
     )
