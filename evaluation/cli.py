@@ -161,7 +161,10 @@ def add_traces(subparsers: argparse._SubParsersAction) -> None:
         help=f"attention that counts as a use ({DEFAULT_THRESHOLD})",
     )
     parser.add_argument(
-        "--h2o-window", type=whole(0), default=H2O_WINDOW, help=f"h2o-recentW's window ({H2O_WINDOW}; 0: none)"
+        "--h2o-window",
+        type=whole(0),
+        default=H2O_WINDOW,
+        help=f"W of recent_window(h2o,window=W), H2O's recent window ({H2O_WINDOW}; 0: none)",
     )
 
 

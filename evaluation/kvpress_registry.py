@@ -70,7 +70,7 @@ CLASSES = {
     "streaming_llm": "StreamingLLMPress",
     "think": "ThinKPress",
 }
-OURS = {"tova": "TOVAPress", "rmm": "RMMPress"}
+OURS = {"tova": "TOVAPress", "rmm": "RMMPress", "recent_window": "RecentWindowPress"}
 COMPOSITES = {
     "adakv_compactor": "adakv(compactor)",
     "adakv_expected_attention": "adakv(ExpectedAttentionPress)",  # KVPress's registry before kvpress 0.5

@@ -59,7 +59,7 @@ def declarations() -> dict[type, Declared]:
     undeclared: all rows."""
     import kvpress as k
 
-    from presses import RMMPress, TOVAPress
+    from presses import RecentWindowPress, RMMPress, TOVAPress
 
     def window(press: BasePress) -> int:
         return press.window_size
@@ -82,6 +82,7 @@ def declarations() -> dict[type, Declared]:
             [k.AdaKVPress, k.CriticalKVPress, k.CriticalAdaKVPress, k.KeyRerotationPress, k.ComposedPress], wrapper
         ),
         k.PerLayerCompressionPress: wrapper,
+        RecentWindowPress: wrapper,
         **dict.fromkeys([k.DecodingPress, k.CAMPress, k.CompressionRatioDecodingPress], Declared(path=DECODING)),
         k.PrefillDecodingPress: Declared(path=DECODING),
         k.DMSPress: Declared(
@@ -212,10 +213,16 @@ def question_position(press: BasePress | None, context_length: int, cache_length
 
 def budget_refusal(press: BasePress, kept: int) -> str:
     """Why ``press`` cannot keep ``kept`` positions at all ("" when it can): an ``RMMPress`` never evicts its
-    ``lag`` newest positions, so a budget must hold them and one committed slot."""
-    from presses import RMMPress
+    ``lag`` newest positions, a ``RecentWindowPress`` its ``window`` newest, so a budget must hold them and one
+    slot more."""
+    from presses import RecentWindowPress, RMMPress
 
     for held in every_press(press):
         if type(held) is RMMPress and held.lag is not None and held.lag >= kept:
             return f"RMMPress(lag={held.lag}) keeps its {held.lag} newest positions provisional: use a lag below {kept}"
+        if type(held) is RecentWindowPress and held.window >= kept:
+            return (
+                f"RecentWindowPress(window={held.window}) never evicts its {held.window} newest positions: use a "
+                f"window below {kept}"
+            )
     return ""

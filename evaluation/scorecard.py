@@ -31,6 +31,7 @@ def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd
     visible) is left out: it would count its comparisons twice."""
     records = [
         {
+            "row": index,
             "condition": prefix + condition,
             "budget": row["budget_label"],
             "press": row["press"],
@@ -39,19 +40,16 @@ def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd
             "failed": bool(row.get("error")),
             "output": row.get("prediction"),
         }
-        for row in rows
+        for index, row in enumerate(rows)
         for condition in benchmark.conditions(row)
     ]
-    columns = ["condition", "budget", "press", "example", "score", "failed", "output"]
+    columns = ["row", "condition", "budget", "press", "example", "score", "failed", "output"]
     frame = pd.DataFrame(records, columns=columns)
     if frame.duplicated(["condition", "budget", "press", "example"]).any():
         raise ValueError("an example appears twice for one condition, budget and press: the runs overlap")
-    held = {
-        c: frozenset(zip(g["budget"], g["press"], g["example"], strict=True))
-        for c, g in frame.groupby("condition", sort=False)
-    }
+    held = {c: frozenset(g["row"]) for c, g in frame.groupby("condition", sort=False)}
     repeated = [c for i, c in enumerate(held) if held[c] in [held[d] for d in list(held)[:i]]]
-    frame = frame[~frame["condition"].isin(repeated)].reset_index(drop=True)
+    frame = frame[~frame["condition"].isin(repeated)].drop(columns="row").reset_index(drop=True)
     frame["digits"], frame["ceiling"] = benchmark.digits, benchmark.scale
     return frame
 

@@ -20,7 +20,7 @@ import torch
 from kvpress.utils import get_prerope_key_states, get_prerope_query_states
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
+from transformers.models.llama.modeling_llama import rotate_half
 
 DEFAULT_CHUNK_SIZE = 64  # query rows per chunk: a chunk holds num_heads x 64 x length probabilities
 
@@ -149,12 +149,15 @@ def probability_chunks(
     padding row) gets all zeros.
     """
     k_len, n_rows = keys.shape[2], queries.shape[2]
-    # logits accumulate in float32 from the model's (possibly bf16) queries and keys; a no-op for float32 models
-    keys = repeat_kv(keys.float(), queries.shape[1] // keys.shape[1]).transpose(2, 3)
+    batch, num_heads, num_kv_heads = queries.shape[0], queries.shape[1], keys.shape[1]
+    # logits accumulate in float32 from the model's (possibly bf16) queries and keys; a no-op for float32 models.
+    # Each KV head's keys meet its whole group of query heads in one product, so no key is copied per query head.
+    keys = keys.float().transpose(2, 3)
     for start in range(0, n_rows, chunk_size):
         stop = min(start + chunk_size, n_rows)
         visible = k_len - n_rows + stop
-        logits = torch.matmul(queries[:, :, start:stop].float(), keys[..., :visible])
+        grouped = queries[:, :, start:stop].float().reshape(batch, num_kv_heads, -1, queries.shape[-1])
+        logits = torch.matmul(grouped, keys[..., :visible]).view(batch, num_heads, stop - start, visible)
         if allowed is None:
             block = visible - (stop - start)  # only the chunk's own square block holds keys later than some row
             rows = torch.arange(stop - start, device=keys.device)

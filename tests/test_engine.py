@@ -55,7 +55,7 @@ from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
 from evaluation.engine.history import History
 from evaluation.engine.hooks import mask_of
 from evaluation.press_needs import OWN_PREFILL, SHARED, needs
-from presses import RMMPress, TOVAPress
+from presses import RecentWindowPress, RMMPress, TOVAPress
 from tests.helpers import positions_of, prefill, tiny_model
 
 
@@ -156,11 +156,17 @@ def wrappers_and_ours() -> list:
             ComposedPress([KnormPress(ratio), TOVAPress(0.5)]),
             ComposedPress([RMMPress(ratio, lag=4), RMMPress(0.5)]),
             ComposedPress([RMMPress(ratio), KnormPress(0.5)]),
+            RecentWindowPress(SnapKVPress(ratio, window_size=2), window=8),
         ]
     return cases
 
 
-EAGER = [ObservedAttentionPress(0.2), ObservedAttentionPress(0.8), CriticalKVPress(ObservedAttentionPress(0.5))]
+EAGER = [
+    ObservedAttentionPress(0.2),
+    ObservedAttentionPress(0.8),
+    CriticalKVPress(ObservedAttentionPress(0.5)),
+    RecentWindowPress(ObservedAttentionPress(0.8), window=8),
+]
 OWN = [KVzipPress(0.5), RestoreKVPress(0.2), FastKVzipPress(0.2), KVComposePress(0.5)]
 
 

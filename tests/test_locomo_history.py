@@ -121,3 +121,35 @@ def test_a_long_extend_runs_in_bounded_forwards_and_keeps_what_one_forward_keeps
         kept = history_kept(history, make_press(name, ratio))
         for ours, theirs in zip(kept, kept_positions(model, ids, naive_press), strict=True):
             assert torch.equal(ours.sort(-1).values, theirs.sort(-1).values), name
+
+
+def test_a_turn_in_one_forward_weighs_each_segment_by_its_kind(monkeypatch):
+    """``extend_segments``: a question and its answer in one forward; only the answer's rows are teacher-forced,
+    as in one full forward, and the kept sets equal a naive re-prefill's."""
+    forwards = []
+
+    def counted(model, ids, cache, start):
+        forwards.append(ids.shape[1])
+        return forward_capturing(model, ids, cache, start)
+
+    monkeypatch.setattr(history_module, "forward_capturing", counted)
+    generator = torch.Generator().manual_seed(13)
+    model = tiny_model("llama", "sdpa")
+    history = History(model, teacher_forced_kinds=frozenset({"answer"}), presses=[make_press("rmm", 0.5)])
+    segments = [("conversation", 80), *TURNS]
+    segments = [(torch.randint(3, 256, (size,), generator=generator).tolist(), kind) for kind, size in segments]
+    history.extend(*segments[0])
+    for turn in range(1, len(segments), 2):
+        history.extend_segments(segments[turn : turn + 2])
+    assert forwards == [80, 14, 13, 12]
+    kinds = [kind for ids, kind in segments for _ in ids]
+    ids = torch.tensor([history.token_ids])
+    weights = naive_weights(model, ids, kinds)
+    assert history.weights == weights.tolist()
+    assert 0 < weights[torch.tensor([kind == "answer" for kind in kinds])].mean() < 1
+    ratio = Budget("tokens", 40).compression_ratio(history.length)
+    naive_press = make_press("rmm", ratio)
+    naive_press.correctness = weights.unsqueeze(0)
+    kept = history_kept(history, make_press("rmm", ratio))
+    for ours, theirs in zip(kept, kept_positions(model, ids, naive_press), strict=True):
+        assert torch.equal(ours.sort(-1).values, theirs.sort(-1).values)

@@ -169,8 +169,9 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
     argv += ["--budgets", "64", "96", "--data", str(SHARED_DATA), "--output", str(output)]
     assert main(argv) == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
-    # per trace: a summary, then 3 metrics x (7 policies x 2 budgets + the lags 0, 1, 4, 16 at 64 and up to 64 at 96)
-    assert len(rows) == 2 * (1 + 3 * (7 * 2 + 4 + 5))
+    # per trace: a summary, then 3 metrics x (7 policies x 2 budgets + the lags 0, 1, 4, 16 at 64 and up to 64 at
+    # 96 + their recency controls, the lags above 0 but 32, a default policy)
+    assert len(rows) == 2 * (1 + 3 * (7 * 2 + 4 + 5 + 3 + 4))
     for name in (
         "scorecard.md",
         "scorecard.csv",
@@ -180,6 +181,8 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
         "controlled.json",
     ):
         assert (output / name).stat().st_size > 0
+    conditions = {line.split(",")[0] for line in (output / "scorecard.csv").read_text().splitlines()[1:]}
+    assert conditions == {"retained_mass", "heavy_hitter_recall", "hit_rate"}, "each metric is its own condition"
     belady = [r for r in rows if r["press"] == "belady" and r["metric"] == "hit_rate"]
     others = [r for r in rows if r["press"] != "belady" and r["metric"] == "hit_rate"]
     assert all(0 <= r["score"] <= 1 for r in rows if r["metric"] in ("hit_rate", "heavy_hitter_recall"))
@@ -196,7 +199,7 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
     combined = ["scorecard", str(output), "--output", str(tmp_path / "cards" / "t")]
     assert main(combined) == 0
     card = (tmp_path / "cards" / "t" / "scorecard.md").read_text()
-    assert "Traces retained_mass" in card and "tova" in card
+    assert "Traces retained_mass" in card and "tova" in card and "recent_window(h2o,window=16)" in card
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,7 @@ class History:
         self.sums: dict[ColumnSums, list[torch.Tensor]] = {s: [] for s in self.statistics}  # (batch, heads, length)
         self.pending: dict[ColumnSums, dict[int, torch.Tensor]] = {}  # per layer, the newest row's share
         self.newest_logits: torch.Tensor | None = None  # (1, 1, vocab): the prediction after the newest token
+        self._padded_input: torch.Tensor | None = None  # ``layer_input``'s buffer, zeros but for the newest rows
         self._newest_prediction: int | None = None
         self._pending_is_forced = False  # whether the newest row's weight waits for the next token
 
@@ -88,25 +89,31 @@ class History:
         return need.path == SHARED and (self.rows is ALL or rows_kept) and need.sums <= set(self.statistics)
 
     def extend(self, token_ids: list[int], kind: str) -> None:
-        """Append tokens of one kind (e.g. "context", or "conversation", "question", "answer"), at most
-        ``EXTEND_CHUNK`` per forward, so that the layer inputs a forward captures stay bounded."""
+        """Append tokens of one kind (e.g. "context", or "conversation", "question", "answer")."""
+        self.extend_segments([(token_ids, kind)])
+
+    def extend_segments(self, segments: list[tuple[list[int], str]]) -> None:
+        """Append consecutive segments of tokens, each of one kind (a question and its answer), in as few forwards
+        as ``EXTEND_CHUNK`` tokens per forward allow, so that the layer inputs a forward captures stay bounded."""
+        token_ids = [token for ids, _ in segments for token in ids]
+        forced = [kind in self.teacher_forced_kinds for ids, kind in segments for _ in ids]
         for first in range(0, len(token_ids), EXTEND_CHUNK):
-            self._extend(token_ids[first : first + EXTEND_CHUNK], kind)
+            self._extend(token_ids[first : first + EXTEND_CHUNK], forced[first : first + EXTEND_CHUNK])
 
     @torch.no_grad()
-    def _extend(self, token_ids: list[int], kind: str) -> None:
+    def _extend(self, token_ids: list[int], teacher_forced: list[bool]) -> None:
         start, model = self.length, self.model
         ids = torch.tensor([token_ids], device=model.device)
         hidden, captured = forward_capturing(model, ids, self.cache, start)
-        teacher_forced = kind in self.teacher_forced_kinds
         lm_head = model.get_output_embeddings()
         predicted = top1_predictions(lm_head, hidden)[0].tolist()
         correct = [float(p == t) for p, t in zip(predicted[:-1], token_ids[1:], strict=True)] + [1.0]
-        new_weights = correct if teacher_forced else [1.0] * len(token_ids)
+        new_weights = [c if forced else 1.0 for c, forced in zip(correct, teacher_forced, strict=True)]
         if self._pending_is_forced:  # the previous newest row's next token is known now
             self.weights[-1] = float(self._newest_prediction == token_ids[0])
         self.newest_logits = lm_head(hidden[:, -1:])
-        self._newest_prediction, self._pending_is_forced = predicted[-1], teacher_forced
+        self._newest_prediction, self._pending_is_forced = predicted[-1], teacher_forced[-1]
+        self._padded_input = None
         self.token_ids += token_ids
         self.weights += new_weights
         for index, layer in enumerate(self.layers):
@@ -164,7 +171,11 @@ class History:
         kept = self.inputs[index]
         if rows is ALL or kept.shape[1] == self.length:
             return kept
-        full = kept.new_zeros(kept.shape[0], self.length, kept.shape[2])
+        full = self._padded_input  # one buffer for every layer and press, until the history grows
+        if full is None or full.dtype != kept.dtype or full.device != kept.device:
+            full = self._padded_input = kept.new_zeros(kept.shape[0], self.length, kept.shape[2])
+        else:
+            full[:, -kept.shape[1] :] = 0  # what an earlier call wrote
         if rows:
             full[:, -rows:] = kept[:, -rows:]
         return full

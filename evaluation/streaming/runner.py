@@ -182,8 +182,7 @@ class ConversationRun:
         prompt: str,
         answer: str,
     ) -> None:
-        history.extend(question_ids, "question")
-        history.extend(framing.answer_ids(messages, prompt, answer), "answer")
+        history.extend_segments([(question_ids, "question"), (framing.answer_ids(messages, prompt, answer), "answer")])
         messages += [("user", prompt), ("assistant", answer)]
 
     def answer(

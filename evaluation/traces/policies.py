@@ -7,11 +7,14 @@ At step t a policy evicts one of the held positions 0..t of each group. Every po
   0..t, or, for a press that reads only their column sums (``press_needs``: ``ObservedAttentionPress``, the
   press the protocols call ``h2o``), those sums as the engine hands them, a one-row stand-in. So TOVA reads the
   newest row (on a head-averaged trace, one group per layer, that is TOVA's rule; on a ``--per-kv-group``
-  trace, its per-KV-group form), SnapKV its window's rows, StreamingLLM nothing. ``h2o-recentW`` is H2O's
-  score with the W newest positions protected, the recent window of the original H2O paper, under its own
-  name;
+  trace, its per-KV-group form), SnapKV its window's rows, StreamingLLM nothing.
+  ``recent_window(h2o,window=W)`` (``RecentWindowPress``) is H2O's score with the W newest positions protected,
+  the recent window of the original H2O paper;
 - RMM, whose smoother carries state from step to step, is driven one arrival at a time as ``DecodingPress``
-  drives it (``StreamedPress``): the lag sweep measures the very press users run.
+  drives it (``StreamedPress``): the lag sweep measures the very press users run. Beside each finite lag H > 0
+  runs its recency control, ``recent_window(h2o,window=H)``: the same H newest positions protected (RMM's
+  provisional buffer), the rest ranked by H2O's accumulated column sums, so that the sweep separates the commit
+  lag from recency (at H = 0 the control is ``h2o`` itself).
 
 Belady knows the future.
 """
@@ -22,10 +25,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
-from kvpress import ObservedAttentionPress, ScorerPress, SnapKVPress, StreamingLLMPress
+from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
+from kvpress.presses.base_press import BasePress
 
 from evaluation.budgets import Budget
-from evaluation.press_needs import needs
+from evaluation.press_needs import budget_refusal, needs
+from evaluation.press_specs import canonical, parse_spec
 from evaluation.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.traces.streamed import StreamedPress
 from presses import RMMPress, TOVAPress
@@ -67,6 +72,10 @@ class Policy:
     def start(self, trace: LayerTrace, budget: int) -> None:
         """Called once before step ``budget``, when positions 0..budget-1 are held."""
 
+    def refusal(self, budget: int) -> str:
+        """Why the policy cannot keep ``budget`` positions ("" when it can)."""
+        return ""
+
     def evict(self, trace: LayerTrace, t: int, held: torch.Tensor) -> torch.Tensor:
         """The position each group evicts at step t, (groups,); ``held`` (groups, t + 1) includes t."""
         scores = self.scores(trace, t).float().clamp(max=PROTECTED)
@@ -80,12 +89,19 @@ class Policy:
 @dataclass
 class PressPolicy(Policy):
     """A stateless KVPress scorer on trace rows as the eager weights of a prefill of positions 0..t (or their
-    column sums, for a press that reads only those); ``recent`` newest positions are never evicted (0: none)."""
+    column sums, for a press that reads only those)."""
 
     name: str
-    press: ScorerPress
-    recent: int = 0
+    press: BasePress
     budget: int = field(default=0, init=False, repr=False)
+
+    @classmethod
+    def of(cls, spec: str) -> PressPolicy:
+        """The policy of a press spec, named by it."""
+        return cls(canonical(spec), parse_spec(spec))
+
+    def refusal(self, budget: int) -> str:
+        return budget_refusal(self.press, budget)
 
     def start(self, trace: LayerTrace, budget: int) -> None:
         self.budget = budget
@@ -99,10 +115,7 @@ class PressPolicy(Policy):
         else:
             attentions = trace.rows[None, :, :n, :n]
         self.press.compression_ratio = Budget("tokens", self.budget).compression_ratio(n)
-        scores = self.press.score(layer, torch.zeros(1, n, 1), keys, keys, attentions, {})[0]
-        if self.recent:
-            scores[:, -self.recent :] = float("inf")
-        return scores
+        return self.press.score(layer, torch.zeros(1, n, 1), keys, keys, attentions, {})[0]
 
 
 @dataclass
@@ -114,6 +127,9 @@ class StreamedPolicy(Policy):
     lag: int | None
     teacher_forced: bool = True
     stream: StreamedPress | None = field(default=None, init=False, repr=False)
+
+    def refusal(self, budget: int) -> str:
+        return budget_refusal(RMMPress(lag=self.lag), budget)
 
     def start(self, trace: LayerTrace, budget: int) -> None:
         correctness = trace.correct[None] if self.teacher_forced else "uniform"
@@ -137,11 +153,10 @@ class BeladyPolicy(Policy):
 
 
 def default_policies(h2o_window: int = H2O_WINDOW) -> list[Policy]:
-    windowed = [PressPolicy(f"h2o-recent{h2o_window}", ObservedAttentionPress(), h2o_window)]
     return [
         PressPolicy("tova", TOVAPress(per_kv_group=True)),
         PressPolicy("h2o", ObservedAttentionPress()),
-        *(windowed if h2o_window else []),
+        *([PressPolicy.of(recency_control(h2o_window))] if h2o_window else []),
         PressPolicy("snapkv", SnapKVPress()),
         PressPolicy("streaming_llm", StreamingLLMPress()),
         StreamedPolicy("rmm", None),
@@ -154,11 +169,14 @@ def sweep_name(lag: int) -> str:
     return f"rmm(lag={lag})"
 
 
-def lag_sweep() -> list[Policy]:
-    return [StreamedPolicy(sweep_name(lag), lag) for lag in LAG_SWEEP]
+def recency_control(window: int) -> str:
+    """The spec of H2O with its ``window`` newest positions protected: at ``window`` = H, the control of
+    ``rmm(lag=H)``."""
+    return f"recent_window(h2o,window={window})"
 
 
-def runnable(policy: Policy, budget: int) -> bool:
-    """A lag that leaves no committed slot at this budget is refused by the press: not run."""
-    lag = getattr(policy, "lag", None)
-    return lag is None or lag < budget
+def lag_sweep(h2o_window: int = H2O_WINDOW) -> list[Policy]:
+    """RMM at every lag of the sweep and, beside each finite lag H > 0, its recency control (one policy per name:
+    the control at ``h2o_window`` is a default policy already)."""
+    controls = [PressPolicy.of(recency_control(lag)) for lag in LAG_SWEEP if lag and lag != h2o_window]
+    return [StreamedPolicy(sweep_name(lag), lag) for lag in LAG_SWEEP] + controls

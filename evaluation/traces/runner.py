@@ -33,7 +33,7 @@ from evaluation.traces.policies import (
     Policy,
     default_policies,
     lag_sweep,
-    runnable,
+    recency_control,
     sweep_name,
 )
 from evaluation.traces.record import Trace, load_or_record, source_file, source_text, trace_name
@@ -173,8 +173,8 @@ def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
 
 def replay_cells(config: TracesConfig) -> list[tuple[Policy, int]]:
     """Every policy (the lag sweep included) at every budget it can run at."""
-    policies = default_policies(config.h2o_window) + lag_sweep()
-    return [(policy, budget) for budget in config.budgets for policy in policies if runnable(policy, budget)]
+    policies = default_policies(config.h2o_window) + lag_sweep(config.h2o_window)
+    return [(policy, budget) for budget in config.budgets for policy in policies if not policy.refusal(budget)]
 
 
 def conditions(row: dict) -> list[str]:
@@ -189,7 +189,7 @@ PROTOCOL = "traces"
 
 def write_traces_scorecard(output: Path, rows: list[dict], budgets: list[int], h2o_window: int) -> None:
     labels = [Budget("tokens", b).label for b in budgets]
-    policies = [p.name for p in default_policies(h2o_window) + lag_sweep()]
+    policies = [p.name for p in default_policies(h2o_window) + lag_sweep(h2o_window)]
     summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
     note = (
         "Trace metrics, mean over layers; each cell: mean [95% bootstrap interval over traces] (n traces). With "
@@ -201,7 +201,8 @@ def write_traces_scorecard(output: Path, rows: list[dict], budgets: list[int], h
 
 
 def plot_lag_sweep(path: Path, summary: pd.DataFrame, labels: list[str]) -> None:
-    """Hit rate against the commit lag, a line per budget, with TOVA, H2O and Belady as horizontal lines."""
+    """Hit rate against the commit lag, a line per budget, its recency controls (the lag's newest positions
+    protected, H2O's ranking for the rest) as hollow squares, and TOVA, H2O and Belady as horizontal lines."""
     hits = summary[summary["condition"] == "hit_rate"].set_index(["budget", "press"])["mean"]
     figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
     axes = figure.add_subplot()
@@ -210,13 +211,28 @@ def plot_lag_sweep(path: Path, summary: pd.DataFrame, labels: list[str]) -> None
         if not points:
             continue
         line = axes.plot([max(lag, 0.5) for lag, _ in points], [s for _, s in points], marker="o", label=label)[0]
+        controls = [
+            (lag, hits[label, name]) for lag in LAG_SWEEP if lag and (label, name := recency_control(lag)) in hits.index
+        ]
+        axes.plot(
+            [lag for lag, _ in controls],
+            [s for _, s in controls],
+            marker="s",
+            markerfacecolor="none",
+            linestyle=(0, (1, 3)),
+            color=line.get_color(),
+        )
         for name, style in (("tova", ":"), ("h2o", "--"), ("belady", "-.")):
             if (label, name) in hits.index:
                 axes.axhline(hits[label, name], linestyle=style, color=line.get_color(), alpha=0.6)
     axes.set_xscale("log")
     axes.set_xlabel("RMM commit lag H (0 drawn at 0.5)")
     axes.set_ylabel("hit rate on Belady's requests")
-    axes.set_title("lag sweep; horizontal lines: TOVA (dotted), H2O (dashed), Belady (dash-dot)", fontsize=9)
+    axes.set_title(
+        "lag sweep (circles) and its recency controls, H2O with the H newest protected (hollow squares);\n"
+        "horizontal lines: TOVA (dotted), H2O (dashed), Belady (dash-dot)",
+        fontsize=9,
+    )
     axes.legend(title="budget", fontsize=8)
     axes.grid(alpha=0.3)
     figure.savefig(path)
