@@ -226,3 +226,14 @@ def budget_refusal(press: BasePress, kept: int) -> str:
                 f"window below {kept}"
             )
     return ""
+
+
+@cache
+def commit_lag(spec: str) -> int | None:
+    """The commit lag of the ``RMMPress`` a press spec holds (None: no RMMPress, or one at ``lag=None``)."""
+    from evaluation.press_specs import parse_spec
+    from presses import RMMPress
+
+    press = parse_spec(spec)
+    lags = [held.lag for held in every_press(press) if type(held) is RMMPress] if press is not None else []
+    return next((lag for lag in lags if lag is not None), None)

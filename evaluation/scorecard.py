@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from evaluation.benchmark import Benchmark
+from evaluation.benchmark import Benchmark, Contrast
 from evaluation.press_specs import FULL_CACHE
 from evaluation.statistics import MIN_EXAMPLES_FOR_INTERVAL, MIN_PAIRS, bootstrap, paired
 
@@ -137,6 +137,74 @@ def compare(cell: pd.DataFrame, base: pd.DataFrame, label: str, resamples: int, 
         return "too few", None
     difference = paired(dict(cell["score"]), dict(base["score"]), label, resamples, seed)
     return difference.verdict(), difference
+
+
+def contrast_table(
+    benchmark: Benchmark, rows: list[dict], prefix: str = "", resamples: int = RESAMPLES, seed: int = SEED
+) -> pd.DataFrame:
+    """Per contrast, budget and press: both conditions' means over the matched pairs, the paired difference with
+    its interval and a verdict as ``compare`` gives it (win: the first condition scores higher)."""
+    lines = []
+    for contrast in benchmark.contrasts:
+        frame = _contrast_frame(benchmark, contrast, rows)
+        for (budget, press), group in frame.groupby(["budget", "press"], sort=False):
+            first, second = (group[group["side"] == side].set_index("pair") for side in (0, 1))
+            label = f"{contrast.name}, {budget}, {press}"
+            verdict, difference = compare(first, second, label, resamples, seed)
+            both = first.join(second, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
+            line = {"contrast": prefix + contrast.name, "budget": budget, "press": press, "n": len(both)}
+            line |= {"minuend": both["score"].mean(), "subtrahend": both["score_base"].mean(), "verdict": verdict}
+            if difference is not None:
+                line |= {"diff": difference.mean, "diff_low": difference.low, "diff_high": difference.high}
+            lines.append(line | {"digits": benchmark.digits})
+    columns = ["contrast", "budget", "press", "n", "minuend", "subtrahend", "diff", "diff_low", "diff_high", "verdict"]
+    return pd.DataFrame(lines).reindex(columns=[*columns, "digits"])
+
+
+def _contrast_frame(benchmark: Benchmark, contrast: Contrast, rows: list[dict]) -> pd.DataFrame:
+    records = [
+        {
+            "side": side,
+            "budget": row["budget_label"],
+            "press": row["press"],
+            "pair": contrast.pair(row),
+            "score": np.nan if row.get("error") else row["score"] * benchmark.scale,
+            "output": row.get("prediction"),
+            "ceiling": benchmark.scale,
+        }
+        for row in rows
+        for side, condition in enumerate((contrast.minuend, contrast.subtrahend))
+        if condition in benchmark.conditions(row)
+    ]
+    return pd.DataFrame(records, columns=["side", "budget", "press", "pair", "score", "output", "ceiling"])
+
+
+def contrast_section(table: pd.DataFrame) -> list[str]:
+    """The markdown of the contrasts: one table per contrast."""
+    lines = []
+    for name, group in table.groupby("contrast", sort=False):
+        first, second = name.split(" - ", 1)
+        lines += ["", f"## {name}, paired", ""]
+        lines += [
+            f"Each {first} question against the {second} question of its pair (same press, same budget); win: "
+            f"{first} scores higher.",
+            "",
+        ]
+        lines += [
+            f"| budget | press | {first} | {second} | difference | n | verdict |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for _, line in group.iterrows():
+            digits = int(line["digits"])
+            difference = (
+                "-"
+                if pd.isna(line["diff"])
+                else interval_text(line["diff"], line["diff_low"], line["diff_high"], digits, True)
+            )
+            means = [f"{line[side]:.{digits}f}" for side in ("minuend", "subtrahend")]
+            cells = [line["budget"], line["press"], *means, difference, line["n"], line["verdict"]]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
 
 
 def wins_ties_losses(summary: pd.DataFrame, prefix: str = "") -> pd.DataFrame:

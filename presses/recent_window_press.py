@@ -10,7 +10,7 @@ from kvpress.utils import compute_n_kept
 from torch import nn
 from transformers import PreTrainedModel
 
-from presses.ordered_scorer_press import check_compression_ratio, gather_kept, kept_indices
+from presses.ordered_scorer_press import OrderedScorerPress, check_compression_ratio, gather_kept, kept_indices
 
 
 @dataclass
@@ -19,19 +19,24 @@ class RecentWindowPress(BasePress):
     of the budget keeps what ``press`` scores highest.
 
     Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language Models", NeurIPS
-    2023 (https://arxiv.org/abs/2306.14048), keep the recent tokens beside the heavy hitters; with the default
-    ``press`` (KVPress's ``ObservedAttentionPress``) this is that cache. With ``window`` equal to an
-    ``RMMPress``'s ``lag`` it protects exactly that press's provisional buffer, so the two differ only in how
-    the committed positions are ranked: the control that separates RMM's commit lag from recency.
+    2023 (https://arxiv.org/abs/2306.14048), keep the recent tokens beside the heavy hitters. With the default
+    ``press``, KVPress's ``ObservedAttentionPress`` (the attention each position received, averaged over the rows
+    that saw it, in one pass: KVPress calls it related to H2O), this is an H2O-style cache with a fixed recent
+    window, not H2O's greedy per-step eviction or its budget split. With ``window`` equal to an ``RMMPress``'s
+    ``lag`` it protects exactly that press's provisional buffer, so the two differ only in how the committed
+    positions are ranked: the control that separates RMM's commit lag from recency.
 
     The rule: the scores of ``press`` for every position, +inf for the ``window`` newest of the keys handed in
     (the last ``window`` tokens of a prefill); ties evict the lower position and kept entries stay in ascending
-    order. The compression ratio is that of ``press``.
+    order. The compression ratio is that of ``press``. Only ``press.score`` runs, so a press whose own
+    ``compress`` or hooks decide more than its scores (``PyramidKVPress``'s per-layer budgets, ``RMMPress``'s
+    smoother) is refused.
 
     Parameters
     ----------
     press : ScorerPress, default=ObservedAttentionPress()
-        The scorer that ranks the positions outside the window.
+        The scorer that ranks the positions outside the window: a ``ScorerPress`` whose ``compress`` keeps its
+        highest scores.
     window : int, default=32
         How many of the newest positions are never evicted, >= 0 (0: ``press``'s ranking alone).
     """
@@ -42,6 +47,13 @@ class RecentWindowPress(BasePress):
     def __post_init__(self) -> None:
         if not isinstance(self.press, ScorerPress):
             raise TypeError(f"press must be a KVPress ScorerPress, got {type(self.press).__name__}")
+        cls = type(self.press)
+        own = cls.compress not in (ScorerPress.compress, OrderedScorerPress.compress)
+        if own or cls.__call__ is not BasePress.__call__ or cls.forward_hook is not BasePress.forward_hook:
+            raise TypeError(
+                f"{cls.__name__} decides more than its scores (its own compress or hooks), which a recent window "
+                "would bypass: wrap a plain scorer such as ObservedAttentionPress, SnapKVPress or KnormPress"
+            )
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
             raise ValueError(f"window must be an integer >= 0 (newest positions never evicted), got {self.window!r}")
 

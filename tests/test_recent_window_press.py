@@ -68,6 +68,9 @@ def test_a_window_the_budget_cannot_hold_is_refused_before_any_work():
         parse_spec("recent_window(h2o, window=-1)")
     with pytest.raises(EvaluationError, match="ScorerPress"):
         parse_spec("recent_window(press=decoding(knorm))")
+    for inner in ("pyramidkv", "rmm"):  # per-layer budgets, a smoother: their own compress, which score() bypasses
+        with pytest.raises(EvaluationError, match="decides more than its scores"):
+            parse_spec(f"recent_window(press={inner}, window=4)")
 
 
 def hand_trace(length: int) -> LayerTrace:

@@ -175,3 +175,41 @@ def test_a_condition_holding_exactly_another_conditions_rows_is_reported_once():
     )
     rows = [{"i": i, "budget_label": "b", "press": "p", "score": 0.5} for i in range(4)]
     assert list(dict.fromkeys(scores_frame(both, rows)["condition"])) == ["overall", "odd"]
+
+
+def test_a_contrast_pairs_two_conditions_of_one_press_by_their_matched_pair():
+    """Reused codes against their controls, paired by (conversation, pair): the difference is the mean of the
+    pairs' differences (here 1 in 8 of 12 pairs, -1 in 2), not of the two conditions' unrelated examples."""
+    from evaluation.benchmark import Benchmark, Contrast
+    from evaluation.scorecard import contrast_table
+
+    reuse = [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0]
+    fresh = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
+    rows = [
+        {
+            "conversation": f"c{i // 4}",
+            "pair": i % 4,
+            "kind": kind,
+            "question_index": 2 * i + (kind == "fresh"),
+            "press": "h2o",
+            "budget_label": "256 tokens",
+            "score": float(score),
+            "prediction": f"{kind} {i}",
+        }
+        for i in range(12)
+        for kind, score in (("reuse", reuse[i]), ("fresh", fresh[i]))
+    ]
+    benchmark = Benchmark(
+        "Reuse",
+        lambda row: [row["kind"]],
+        lambda row: (row["conversation"], row["question_index"]),
+        100,
+        1,
+        contrasts=(Contrast("reuse", "fresh", lambda row: (row["conversation"], row["pair"])),),
+    )
+    (line,) = contrast_table(benchmark, rows).to_dict("records")
+    assert (line["contrast"], line["n"], line["verdict"]) == ("reuse - fresh", 12, "win")
+    assert line["diff"] == pytest.approx(100 * (8 - 2) / 12) and line["minuend"] == pytest.approx(100 * 9 / 12)
+    assert line["diff_low"] > 0
+    (few,) = contrast_table(benchmark, [r for r in rows if r["conversation"] == "c0"]).to_dict("records")
+    assert (few["n"], few["verdict"]) == (4, "too few")

@@ -11,11 +11,19 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli import main
+from evaluation.press_needs import commit_lag
 from evaluation.streaming.episodes import Question
 from evaluation.streaming.placements import asked_after_session
 from evaluation.synthetic.multiquery import multiquery_episodes
 from evaluation.synthetic.reuse import reuse_episodes
-from evaluation.synthetic.task import MULTIQUERY, REUSE, sentence_answer, string_match
+from evaluation.synthetic.task import (
+    MULTIQUERY,
+    REUSE,
+    first_use_distance,
+    reuse_conditions,
+    sentence_answer,
+    string_match,
+)
 from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
 
 
@@ -58,18 +66,59 @@ def test_every_reuse_answer_is_recoverable_from_the_conversation_when_it_is_aske
             assert set(kinds) == ({"first"} if session <= 2 else {"first", "reuse", "fresh"})
             assert kinds.get("reuse") == kinds.get("fresh"), "the control is as old as the reused code"
             text = REUSE.render_session(conversation.sessions[session - 1])
-            assert len(re.findall(r"the code of", text)) == 3, "2 codes, and one restated: a used code's second copy "
-            "is its question and answer"
+            assert len(re.findall(r"the code of", text)) == 3, "2 codes, and the control's question about one"
 
 
-def test_the_reused_code_and_its_control_are_asked_first_equally_often():
-    orders = [
-        [q.kind for q in conversation.questions if q.kind != "first"][i : i + 2] == ["reuse", "fresh"]
-        for seed in range(10)
-        for conversation in reuse_episodes(seed, 2)
-        for i in range(0, 10, 2)
-    ]
-    assert len(orders) == 100 and 35 <= sum(orders) <= 65
+def test_the_used_and_the_control_copies_take_one_form():
+    """A used code's second copy is the protocol's question and the gold answer sentence; its control's is the
+    same question and sentence inside the session, as the session's last two lines."""
+    for conversation in reuse_episodes(0, 3):
+        for question in (q for q in conversation.questions if q.kind == "fresh"):
+            session = conversation.sessions[int(question.evidence[0][1:].split(":")[0]) - 1]
+            *_, asked, told = session.turns
+            assert (asked.text, told.text) == (question.question, sentence_answer(question))
+            assert asked.speaker != told.speaker and told.dia_id == question.evidence[1]
+
+
+def test_the_order_of_asking_alternates_so_each_side_of_a_pair_comes_first_equally_often():
+    firsts = []
+    for seed in range(3):
+        for conversation in reuse_episodes(seed, 4):
+            for pair in sorted({q.pair for q in conversation.questions if q.pair}):
+                asked = sorted((q for q in conversation.questions if q.pair == pair), key=lambda q: q.index)
+                assert [q.order for q in asked] == [1, 2] and {q.kind for q in asked} == {"reuse", "fresh"}
+                firsts.append(asked[0].kind)
+    assert len(firsts) == 60 and firsts.count("reuse") == firsts.count("fresh")
+
+
+def test_the_first_use_distance_counts_the_tokens_between_a_code_and_its_use():
+    """With a byte tokenizer a token is a byte: in the plain history (a session, then the question after a newline
+    and the answer after a space), the positions from the statement's last byte to the use's first byte: the
+    first ask's answer for a used code, the session's own answer line for its control."""
+    tokenizer = byte_tokenizer()
+    conversation = reuse_episodes(1, 1)[0]
+    for question in (q for q in conversation.questions if q.kind in ("reuse", "fresh")):
+        session = conversation.sessions[int(question.evidence[0][1:].split(":")[0]) - 1]
+        stream = "\n" + REUSE.render_session(session)
+        if question.kind == "reuse":
+            stream += "\n" + question.question
+            use = len(stream)
+            stream += " " + sentence_answer(question)
+        else:
+            use = stream.index(f'said, "{sentence_answer(question)}"') - len("Sam ")
+        statement = f'Please note this down: the code of {question.question[20:-1]} is {question.answer}."'
+        last = stream.index(statement) + len(statement) - 1
+        assert first_use_distance(conversation, question, tokenizer) == use - last, question.kind
+
+
+def test_finite_lags_split_the_reused_codes_by_whether_their_window_reaches_the_first_use():
+    assert commit_lag("rmm(lag=16)") == 16 and commit_lag("adakv(rmm(lag=4))") == 4
+    assert commit_lag("rmm") is None and commit_lag("h2o") is None and commit_lag("full") is None
+    row = {"kind": "reuse", "order": 2, "first_use_distance": 40}
+    assert reuse_conditions(row | {"press": "h2o"}) == ["overall", "asked again", "asked again, asked second"]
+    assert reuse_conditions(row | {"press": "rmm(lag=64)"})[-1] == "asked again, the lag's window reaches the first use"
+    assert reuse_conditions(row | {"press": "rmm(lag=16)"})[-1] == "asked again, the lag's window misses the first use"
+    assert reuse_conditions({"kind": "first", "order": 0, "press": "rmm(lag=16)"}) == ["overall", "first ask"]
 
 
 def solve_document(text: str, question: str) -> str:

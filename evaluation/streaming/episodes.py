@@ -33,6 +33,8 @@ class Question:
     category: int  # LoCoMo's 1-5; 0 for a synthetic question
     adversarial_answer: str | None
     kind: str = ""  # a synthetic question's condition (evaluation.synthetic)
+    pair: int = 0  # a synthetic question's matched pair (the reuse family's earlier session; 0: none)
+    order: int = 0  # its place in the pair's order of asking (1 or 2; 0: none)
 
     @property
     def evidence_sessions(self) -> set[int]:

@@ -25,7 +25,7 @@ from evaluation.models import ModelSettings, context_length, local_model, what_l
 from evaluation.press_needs import SHARED, describe, needs, question_position
 from evaluation.press_specs import check_presses, make_press
 from evaluation.run_record import RunRecord
-from evaluation.scorecard import scores_frame, summarize, write_scorecard
+from evaluation.scorecard import contrast_section, contrast_table, scores_frame, summarize, write_scorecard
 from evaluation.store import ResultStore
 from evaluation.streaming.config import PLACEMENTS, RESULTS_DEFINING, TEACHER_FORCED_KINDS, StreamConfig
 from evaluation.streaming.episodes import Conversation, Question
@@ -258,7 +258,7 @@ class ConversationRun:
             "placement": self.config.placement,
             "error": str(error).splitlines()[0],
             "score": None,
-            **self.task.row_fields(self.conversation, question),
+            **self.task.row_fields(self.conversation, question, self.tokenizer),
         }
 
     def row(
@@ -297,7 +297,7 @@ class ConversationRun:
             "prediction": prediction,
             "scored_prediction": scored,
             "score": score,
-            **self.task.row_fields(self.conversation, question),
+            **self.task.row_fields(self.conversation, question, self.tokenizer),
         }
 
 
@@ -458,4 +458,8 @@ def write_stream_scorecard(
         labels = [b.label for b in budgets]
         summary = summarize(frame, REFERENCE)
         title = f"{task.benchmark.name} streaming: {output.name}"
-        write_scorecard(output, summary, title, note, REFERENCE, presses, labels)
+        contrasts = contrast_table(task.benchmark, rows)
+        if not contrasts.empty:
+            contrasts.drop(columns="digits").to_csv(output / "contrasts.csv", index=False)
+        appendix = contrast_section(contrasts) if not contrasts.empty else []
+        write_scorecard(output, summary, title, note, REFERENCE, presses, labels, appendix)

@@ -11,11 +11,15 @@ import argparse
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from evaluation.benchmark import Benchmark
 from evaluation.errors import EvaluationError
 from evaluation.streaming.config import StreamConfig
 from evaluation.streaming.episodes import Conversation, Question, Session
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 TASK_MODULES = ("evaluation.locomo.task", "evaluation.synthetic.task")
 
@@ -43,7 +47,10 @@ class StreamTask:
     budgets: tuple[int, ...]
     max_new_tokens: int
     caveat: str = ""  # how the scorecard's note ends
-    row_fields: Callable[[Conversation, Question], dict] = field(default=lambda conversation, question: {})
+    # a row's own fields, from its question (and the tokenizer, for token counts)
+    row_fields: Callable[[Conversation, Question, PreTrainedTokenizerBase], dict] = field(
+        default=lambda conversation, question, tokenizer: {}
+    )
     downloads: Callable[[StreamConfig], str] = field(default=lambda config: "")  # what a run would fetch; "": none
 
     def text(self, conversation: Conversation, sessions: list[Session]) -> str:

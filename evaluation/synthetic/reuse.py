@@ -2,14 +2,14 @@
 
 An episode is a conversation streamed session by session. Each session states ``facts`` lock codes
 ("the code of Mia's locker is 4821") among chit-chat. Right after session ``s`` one of its codes is asked
-(kind ``first``: the turn that uses the fact; the history then holds the question and its answer, a second
-copy of the code). The session's last line restates another of its codes ("for the record, the code of Nora's
-safe is 7946"), a second copy of that code that nothing used. ``lag`` sessions later, a cue line brings each of
-the two locks up again and both are asked, in a seeded order: the used one (kind ``reuse``: the fact, and the
-earlier question and answer, are needed again) and its matched control (kind ``fresh``: as old, as often
-stated, cued the same way, but never used). The difference between the two is whether the code was used. A
-policy that keeps what demonstrated its use wins on ``reuse`` and may lose on ``fresh``; one that keeps what
-is recent or what was read most loses or wins the other way. ``lag`` counts sessions, not tokens.
+(kind ``first``: the turn that uses the fact; the history then holds the question and its gold answer, a second
+copy of the code). The session ends with the same exchange for another of its codes, in the same words but
+inside the session ("What is the code of Nora's safe?" / "The code of Nora's safe is 7946."): a second copy of
+one form that no question asked. ``lag`` sessions later, a cue line brings each of the two locks up again and
+both are asked: the used one (kind ``reuse``) and its matched control (kind ``fresh``: as old, stated as often
+and in the same form, cued the same way, but never asked). Which of the two is asked first alternates from pair
+to pair (``order``), so that the order of asking is balanced. The difference between the two is whether the
+code was used by an answer the protocol asked for. ``lag`` counts sessions, not tokens.
 """
 
 from __future__ import annotations
@@ -84,23 +84,35 @@ def _episode(
             for kind, i in (("reuse", asked[earlier - 1]), ("fresh", controls[earlier - 1])):
                 name, thing, _ = stated[earlier - 1][i]
                 cues.append((kind, i, f"{name} called me about the {thing} again."))
-            rng.shuffle(cues)
+            if (index + number) % 2:  # the used code first in every other pair
+                cues.reverse()
             turns_text += [(SPEAKERS[1], text) for _, _, text in cues]
         name, thing, code = stated[s][controls[s]]
-        turns_text.append((SPEAKERS[1], f"For the record, the code of {name}'s {thing} is {code}."))
+        turns_text += [(SPEAKERS[1], _ask(name, thing)), (SPEAKERS[0], _told(name, thing, code))]
         fact_turns[controls[s]].append(f"D{number}:{len(turns_text)}")
         turns = [Turn(speaker, f"D{number}:{t + 1}", text, None) for t, (speaker, text) in enumerate(turns_text)]
         session_list.append(Session(number, f"day {number}", turns))
         where.append(fact_turns)
         name, thing, code = stated[s][asked[s]]
         questions.append(_question(len(questions), name, thing, code, fact_turns[asked[s]], "first"))
-        for c, (kind, i, _) in enumerate(cues):  # asked in the cues' (seeded) order
+        cue_turns = {i: f"D{number}:{len(turns) - 2 - len(cues) + c + 1}" for c, (_, i, _) in enumerate(cues)}
+        for order, (kind, i, _) in enumerate(cues, 1):  # asked in the cues' order
             name, thing, code = stated[earlier - 1][i]
-            evidence = [*where[earlier - 1][i], f"D{number}:{len(turns) - 1 - len(cues) + c + 1}"]
-            questions.append(_question(len(questions), name, thing, code, evidence, kind))
+            evidence = [*where[earlier - 1][i], cue_turns[i]]
+            questions.append(_question(len(questions), name, thing, code, evidence, kind, earlier, order))
     return Conversation(f"reuse-{index}", SPEAKERS[0], SPEAKERS[1], session_list, questions)
 
 
-def _question(index: int, name: str, thing: str, code: str, evidence: list[str], kind: str) -> Question:
-    text = f"What is the code of {name}'s {thing}?"
-    return Question(index, text, code, evidence, 0, None, kind)
+def _ask(name: str, thing: str) -> str:
+    return f"What is the code of {name}'s {thing}?"
+
+
+def _told(name: str, thing: str, code: str) -> str:
+    """The gold answer sentence, as the history records it after a question (``synthetic.task.sentence_answer``)."""
+    return f"The code of {name}'s {thing} is {code}."
+
+
+def _question(
+    index: int, name: str, thing: str, code: str, evidence: list[str], kind: str, pair: int = 0, order: int = 0
+) -> Question:
+    return Question(index, _ask(name, thing), code, evidence, 0, None, kind, pair, order)

@@ -9,9 +9,10 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from evaluation.arguments import whole
-from evaluation.benchmark import Benchmark
+from evaluation.benchmark import Benchmark, Contrast
 from evaluation.errors import EvaluationError
 from evaluation.locomo.render import header, render_session
 from evaluation.press_specs import DEFAULT_PRESSES
@@ -20,8 +21,13 @@ from evaluation.streaming.episodes import Conversation, Question, Session
 from evaluation.streaming.task import StreamTask, register
 from evaluation.synthetic import multiquery, reuse
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 OVERALL = "overall"
 REUSE_CONDITIONS = {"first": "first ask", "reuse": "asked again", "fresh": "never asked (control)"}
+ORDERS = {1: "asked first", 2: "asked second"}
+REACH = {True: "the lag's window reaches the first use", False: "the lag's window misses the first use"}
 DOCUMENT_HEADER = "Read the document below. Questions about it follow.\n\n"
 
 
@@ -67,8 +73,12 @@ def length_of(conversation: Conversation) -> str:
     return conversation.sample_id.split("-")[1]
 
 
-def _benchmark(name: str, conditions: Callable[[dict], list[str]], order: tuple[str, ...]) -> Benchmark:
-    return Benchmark(name, conditions, lambda row: (row["conversation"], row["question_index"]), 100, 1, order)
+def _benchmark(
+    name: str, conditions: Callable[[dict], list[str]], order: tuple[str, ...], contrasts: tuple[Contrast, ...] = ()
+) -> Benchmark:
+    return Benchmark(
+        name, conditions, lambda row: (row["conversation"], row["question_index"]), 100, 1, order, contrasts
+    )
 
 
 def add_generator_options(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +127,57 @@ def multiquery_settings(args: argparse.Namespace) -> dict:
     return streamed({"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes})
 
 
+def first_use_distance(conversation: Conversation, question: Question, tokenizer: PreTrainedTokenizerBase) -> int:
+    """Positions from the last token of a code's statement to the first token of its first use: the first ask's
+    answer (a used code) or the session's own answer line about it (a control), in the history as the plain
+    framing renders it (a session, then the question after a newline; a chat template adds a few tokens between
+    them). A commit lag H counts that use in the code's demonstrated utility when this is at most H."""
+    number, turn = (int(part) for part in question.evidence[0].removeprefix("D").split(":"))
+    session = conversation.sessions[number - 1]
+    text = render_session(session)
+    statement = session.turns[turn - 1]
+    start = text.index(f'"{statement.text}"') + len(statement.text) + 2
+    if question.kind == "fresh":
+        use = session.turns[int(question.evidence[1].split(":")[1]) - 1]
+        between = text[start : text.index(f'{use.speaker} said, "{use.text}"')]
+    else:
+        asked = next(q for q in conversation.questions if q.kind == "first" and q.question == question.question)
+        between = text[start:] + "\n" + asked.question
+    return len(tokenizer.encode(between, add_special_tokens=False)) + 1
+
+
+def reuse_fields(conversation: Conversation, question: Question, tokenizer: PreTrainedTokenizerBase) -> dict:
+    fields = {"family": "reuse", "kind": question.kind, "pair": question.pair, "order": question.order}
+    if question.kind in ("reuse", "fresh"):
+        fields["first_use_distance"] = first_use_distance(conversation, question, tokenizer)
+    return fields
+
+
+def reuse_conditions(row: dict) -> list[str]:
+    """Overall, the row's kind, and for a reused code or its control the kind by order of asking and, for a
+    press with a finite commit lag, whether the lag's window reaches the code's first use."""
+    kind = REUSE_CONDITIONS[row["kind"]]
+    conditions = [OVERALL, kind]
+    if row["kind"] in ("reuse", "fresh"):
+        conditions.append(f"{kind}, {ORDERS[row['order']]}")
+        from evaluation.press_needs import commit_lag  # imports KVPress: not at the command line's start
+
+        lag = commit_lag(row["press"])
+        if lag is not None:
+            conditions.append(f"{kind}, {REACH[row['first_use_distance'] <= lag]}")
+    return conditions
+
+
+REUSE_ORDER = (
+    OVERALL,
+    *REUSE_CONDITIONS.values(),
+    *(f"{REUSE_CONDITIONS[k]}, {o}" for k in ("reuse", "fresh") for o in ORDERS.values()),
+    *(f"{REUSE_CONDITIONS[k]}, {r}" for k in ("reuse", "fresh") for r in REACH.values()),
+)
+REUSE_CONTRASTS = (
+    Contrast(REUSE_CONDITIONS["reuse"], REUSE_CONDITIONS["fresh"], lambda row: (row["conversation"], row["pair"])),
+)
+
 REUSE = StreamTask(
     name="reuse",
     help="endogenous reuse: a code used at one turn is asked again sessions later, against matched controls",
@@ -129,16 +190,14 @@ REUSE = StreamTask(
     question_prompt=lambda conversation, question: question.question,
     gold_answer=sentence_answer,
     scored=scored,
-    benchmark=_benchmark(
-        "Reuse", lambda row: [OVERALL, REUSE_CONDITIONS[row["kind"]]], (OVERALL, *REUSE_CONDITIONS.values())
-    ),
+    benchmark=_benchmark("Reuse", reuse_conditions, REUSE_ORDER, REUSE_CONTRASTS),
     metric="Accuracy (%, string match of the code)",
     add_options=add_reuse_options,
     settings=reuse_settings,
     presses=PRESSES,
     budgets=(256, 512),
     max_new_tokens=24,
-    row_fields=lambda conversation, question: {"family": "reuse", "kind": question.kind},
+    row_fields=reuse_fields,
 )
 
 MULTIQUERY = StreamTask(
@@ -164,7 +223,7 @@ MULTIQUERY = StreamTask(
     presses=PRESSES,
     budgets=(1024, 2048),
     max_new_tokens=24,
-    row_fields=lambda conversation, question: {
+    row_fields=lambda conversation, question, tokenizer: {
         "family": "multiquery",
         "kind": question.kind,
         "length": length_of(conversation),

@@ -9,12 +9,12 @@ At step t a policy evicts one of the held positions 0..t of each group. Every po
   newest row (on a head-averaged trace, one group per layer, that is TOVA's rule; on a ``--per-kv-group``
   trace, its per-KV-group form), SnapKV its window's rows, StreamingLLM nothing.
   ``recent_window(h2o,window=W)`` (``RecentWindowPress``) is H2O's score with the W newest positions protected,
-  the recent window of the original H2O paper;
+  an H2O-style recent window;
 - RMM, whose smoother carries state from step to step, is driven one arrival at a time as ``DecodingPress``
   drives it (``StreamedPress``): the lag sweep measures the very press users run. Beside each finite lag H > 0
   runs its recency control, ``recent_window(h2o,window=H)``: the same H newest positions protected (RMM's
-  provisional buffer), the rest ranked by H2O's accumulated column sums, so that the sweep separates the commit
-  lag from recency (at H = 0 the control is ``h2o`` itself).
+  provisional buffer), the rest ranked by H2O's score (accumulated attention, as a mean over the rows that saw
+  it), so that the sweep separates the commit lag from recency (at H = 0 the control is ``h2o`` itself).
 
 Belady knows the future.
 """
