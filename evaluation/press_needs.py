@@ -228,12 +228,9 @@ def budget_refusal(press: BasePress, kept: int) -> str:
     return ""
 
 
-@cache
-def commit_lag(spec: str) -> int | None:
-    """The commit lag of the ``RMMPress`` a press spec holds (None: no RMMPress, or one at ``lag=None``)."""
-    from evaluation.press_specs import parse_spec
+def commit_lag(press: BasePress | None) -> int | None:
+    """The commit lag of the ``RMMPress`` a press holds (None: no RMMPress, or one at ``lag=None``)."""
     from presses import RMMPress
 
-    press = parse_spec(spec)
     lags = [held.lag for held in every_press(press) if type(held) is RMMPress] if press is not None else []
     return next((lag for lag in lags if lag is not None), None)

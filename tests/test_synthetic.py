@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli import main
-from evaluation.press_needs import commit_lag
 from evaluation.streaming.episodes import Question
 from evaluation.streaming.placements import asked_after_session
 from evaluation.synthetic.multiquery import multiquery_episodes
@@ -22,6 +21,7 @@ from evaluation.synthetic.task import (
     first_use_distance,
     reuse_conditions,
     sentence_answer,
+    spec_lag,
     string_match,
 )
 from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
@@ -112,8 +112,8 @@ def test_the_first_use_distance_counts_the_tokens_between_a_code_and_its_use():
 
 
 def test_finite_lags_split_the_reused_codes_by_whether_their_window_reaches_the_first_use():
-    assert commit_lag("rmm(lag=16)") == 16 and commit_lag("adakv(rmm(lag=4))") == 4
-    assert commit_lag("rmm") is None and commit_lag("h2o") is None and commit_lag("full") is None
+    assert spec_lag("rmm(lag=16)") == 16 and spec_lag("adakv(rmm(lag=4))") == 4
+    assert spec_lag("rmm") is None and spec_lag("h2o") is None and spec_lag("full") is None
     row = {"kind": "reuse", "order": 2, "first_use_distance": 40}
     assert reuse_conditions(row | {"press": "h2o"}) == ["overall", "asked again", "asked again, asked second"]
     assert reuse_conditions(row | {"press": "rmm(lag=64)"})[-1] == "asked again, the lag's window reaches the first use"

@@ -9,13 +9,14 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import cache
 from typing import TYPE_CHECKING
 
 from evaluation.arguments import whole
 from evaluation.benchmark import Benchmark, Contrast
 from evaluation.errors import EvaluationError
 from evaluation.locomo.render import header, render_session
-from evaluation.press_specs import DEFAULT_PRESSES
+from evaluation.press_specs import DEFAULT_PRESSES, parse_spec
 from evaluation.streaming.config import StreamConfig
 from evaluation.streaming.episodes import Conversation, Question, Session
 from evaluation.streaming.task import StreamTask, register
@@ -153,6 +154,14 @@ def reuse_fields(conversation: Conversation, question: Question, tokenizer: PreT
     return fields
 
 
+@cache
+def spec_lag(spec: str) -> int | None:
+    """The commit lag of a press spec's ``RMMPress`` (``press_needs.commit_lag``), once per spec."""
+    from evaluation.press_needs import commit_lag  # imports KVPress: not at the command line's start
+
+    return commit_lag(parse_spec(spec))
+
+
 def reuse_conditions(row: dict) -> list[str]:
     """Overall, the row's kind, and for a reused code or its control the kind by order of asking and, for a
     press with a finite commit lag, whether the lag's window reaches the code's first use."""
@@ -160,9 +169,7 @@ def reuse_conditions(row: dict) -> list[str]:
     conditions = [OVERALL, kind]
     if row["kind"] in ("reuse", "fresh"):
         conditions.append(f"{kind}, {ORDERS[row['order']]}")
-        from evaluation.press_needs import commit_lag  # imports KVPress: not at the command line's start
-
-        lag = commit_lag(row["press"])
+        lag = spec_lag(row["press"])
         if lag is not None:
             conditions.append(f"{kind}, {REACH[row['first_use_distance'] <= lag]}")
     return conditions
