@@ -94,10 +94,11 @@ def summarize(frame: pd.DataFrame, reference: str, resamples: int = RESAMPLES, s
             base = cells.get((line["condition"], base_budget, against))
             if line["press"] in (against, FULL_CACHE) or base is None:
                 continue
+            cell = cells[line["condition"], line["budget"], line["press"]]
+            if against == FULL_CACHE:  # the full cache ran every example; a budget's cell may hold only some
+                base = base[base.index.isin(cell.index)]
             label = f"{line['condition']}, {line['budget']}, {line['press']} against {against}"
-            verdict, difference = compare(
-                cells[line["condition"], line["budget"], line["press"]], base, label, resamples, seed
-            )
+            verdict, difference = compare(cell, base, label, resamples, seed)
             summary.loc[index, f"{prefix}verdict"] = verdict
             if difference is not None:
                 columns = [f"{prefix}diff", f"{prefix}diff_low", f"{prefix}diff_high"]

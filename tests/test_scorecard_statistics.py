@@ -166,6 +166,23 @@ def test_verdicts_say_what_the_pairs_carry():
     assert summary.loc[("floor", "h2o"), "full_verdict"] == "no signal"
 
 
+def test_a_budget_that_holds_only_some_examples_pairs_with_the_full_cache_on_those():
+    """A budget at or above an example's context is that example's full cache under its own label, so the budget's
+    cell holds the other examples only: against the full cache it pairs on them."""
+    import pandas as pd
+
+    from evaluation.scorecard import summarize
+
+    varied = [(0.1 * (i % 5), f"a{i}") for i in range(12)]
+    rows = verdict_frame({"full": [(s + 0.5, o + "!") for s, o in varied], "h2o": varied, "tova": varied})
+    rows = [r for r in rows if r["press"] == "full" or r["example"] != (0,)]
+    rows += [r | {"budget": "b (over)"} for r in verdict_frame({"h2o": varied[:1], "tova": varied[:1]})]
+    summary = summarize(pd.DataFrame(rows), "h2o", resamples=500).set_index(["budget", "press"])
+    assert summary.loc[("b", "tova"), "full_verdict"] == "loss" and summary.loc[("b", "tova"), "n"] == 11
+    assert summary.loc[("b", "tova"), "full_diff"] == pytest.approx(-0.5)
+    assert summary.loc[("b (over)", "tova"), "full_verdict"] == "too few"
+
+
 def test_a_condition_holding_exactly_another_conditions_rows_is_reported_once():
     from evaluation.benchmark import Benchmark
     from evaluation.scorecard import scores_frame
