@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from evaluation.benchmark import Benchmark, Contrast
+from evaluation.budgets import OVER_THE_CONTEXT
 from evaluation.press_specs import FULL_CACHE
 from evaluation.statistics import MIN_EXAMPLES_FOR_INTERVAL, MIN_PAIRS, bootstrap, paired
 
@@ -166,7 +167,7 @@ def _contrast_frame(benchmark: Benchmark, contrast: Contrast, rows: list[dict]) 
     records = [
         {
             "side": side,
-            "budget": row["budget_label"],
+            "budget": row["budget_label"].removesuffix(OVER_THE_CONTEXT),  # the two of a pair may differ in length
             "press": row["press"],
             "pair": contrast.pair(row),
             "score": np.nan if row.get("error") else row["score"] * benchmark.scale,

@@ -198,6 +198,7 @@ def test_a_contrast_pairs_two_conditions_of_one_press_by_their_matched_pair():
     """Reused codes against their controls, paired by (conversation, pair): the difference is the mean of the
     pairs' differences (here 1 in 8 of 12 pairs, -1 in 2), not of the two conditions' unrelated examples."""
     from evaluation.benchmark import Benchmark, Contrast
+    from evaluation.budgets import OVER_THE_CONTEXT
     from evaluation.scorecard import contrast_table
 
     reuse = [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0]
@@ -224,6 +225,7 @@ def test_a_contrast_pairs_two_conditions_of_one_press_by_their_matched_pair():
         1,
         contrasts=(Contrast("reuse", "fresh", lambda row: (row["conversation"], row["pair"])),),
     )
+    rows[1]["budget_label"] += OVER_THE_CONTEXT  # a pair's second question, asked later, may see a longer history
     (line,) = contrast_table(benchmark, rows).to_dict("records")
     assert (line["contrast"], line["n"], line["verdict"]) == ("reuse - fresh", 12, "win")
     assert line["diff"] == pytest.approx(100 * (8 - 2) / 12) and line["minuend"] == pytest.approx(100 * 9 / 12)
