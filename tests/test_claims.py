@@ -201,9 +201,30 @@ def locomo_claims() -> list[str]:
     return claims
 
 
+def contrast(run: str, budget: str, press: str) -> dict:
+    with (RESULTS / run / "contrasts.csv").open() as handle:
+        return next(r for r in csv.DictReader(handle) if (r["budget"], r["press"]) == (budget, press))
+
+
+def contrast_diff(run: str, budget: str, press: str) -> str:
+    line = contrast(run, budget, press)
+    d, low, high = (number(float(line[k]), 1, True) for k in ("diff", "diff_low", "diff_high"))
+    return f"{d} [{low}, {high}]"
+
+
 def reuse_claims() -> list[str]:
     kinds = Counter(r["kind"] for r in questions(REUSE).values())
     first, again, control = "first ask", "asked again", "never asked (control)"
+    reach, miss = "the lag's window reaches the first use", "the lag's window misses the first use"
+    distances = {
+        kind: [r["first_use_distance"] for r in rows(REUSE) if r["press"] == "full" and r["kind"] == kind]
+        for kind in ("reuse", "fresh")
+    }
+    b256, b512 = "256 tokens", "512 tokens"
+
+    def n(condition: str, budget: str, press: str) -> str:
+        return card(REUSE)[condition, budget, press]["n"]
+
     claims = [
         wall(REUSE),
         f"{sum(kinds.values())} questions ({kinds['first']} first asks, {kinds['reuse']} asked again, "
@@ -211,43 +232,59 @@ def reuse_claims() -> list[str]:
         f"full cache answers {percent(mean(REUSE, 'overall', 'full', 'full', 1))} overall ("
         f"{float(card(REUSE)[first, 'full', 'full']['mean']):.1f}% of first asks, "
         f"{percent(mean(REUSE, again, 'full', 'full', 1))} asked again, "
-        f"{percent(mean(REUSE, control, 'full', 'full', 1))}"
-        " controls)",
-        "(overall {} at 256 tokens, {} at 512)".format(
-            *(diff(REUSE, "overall", b, "rmm", 1) for b in ("256 tokens", "512 tokens"))
+        f"{percent(mean(REUSE, control, 'full', 'full', 1))} controls)",
+        f"Paired over the {contrast(REUSE, 'full', 'full')['n']} pairs, the reused code minus its control is "
+        f"{contrast_diff(REUSE, 'full', 'full')} with the full cache, a {contrast(REUSE, 'full', 'full')['verdict']}",
+        f"h2o ({contrast_diff(REUSE, b256, 'h2o')} at 256 tokens, {contrast_diff(REUSE, b512, 'h2o')} at 512), rmm "
+        f"({contrast_diff(REUSE, b256, 'rmm')}, {contrast_diff(REUSE, b512, 'rmm')})",
+        f"snapkv ({contrast_diff(REUSE, b512, 'snapkv')}) and tova ({contrast_diff(REUSE, b512, 'tova')}) at 512",
+        f"a control asked second scores {mean(REUSE, control + ', asked second', 'full', 'full', 1)}, asked first "
+        f"{mean(REUSE, control + ', asked first', 'full', 'full', 1)}; a reused code "
+        f"{float(card(REUSE)[again + ', asked first', 'full', 'full']['mean']):.1f} either way",
+        "comes {} to {} positions after its statement (median {:g}), a control's (its own answer line) {} to {} "
+        "(median {:g})".format(
+            *(f(distances[kind]) for kind in ("reuse", "fresh") for f in (min, max, statistics.median))
         ),
-        f"at lag 128 ({diff(REUSE, first, '256 tokens', 'rmm(lag=128)', 1)} at 256 tokens".replace(
-            "+41.7 [", "+41.7\n  ["
-        ),
-        f"{diff(REUSE, first, '512 tokens', 'rmm(lag=128)', 1)} at 512",
-        "wins there by more ({}, {})".format(
-            *(diff(REUSE, first, b, "streaming_llm", 1).split(" [")[0] for b in ("256 tokens", "512 tokens"))
-        ),
-        "both budgets ({}, {})".format(
+        f"answers {mean(REUSE, f'{again}, {reach}', b512, 'rmm(lag=128)', 1)} of the reused codes whose window "
+        f"reaches that use (n={n(f'{again}, {reach}', b512, 'rmm(lag=128)')}) and "
+        f"{mean(REUSE, f'{again}, {miss}', b512, 'rmm(lag=128)', 1)} of those it misses "
+        f"(n={n(f'{again}, {miss}', b512, 'rmm(lag=128)')}); controls "
+        f"{mean(REUSE, f'{control}, {reach}', b512, 'rmm(lag=128)', 1)} "
+        f"(n={n(f'{control}, {reach}', b512, 'rmm(lag=128)')}) against "
+        f"{float(card(REUSE)[f'{control}, {miss}', b512, 'rmm(lag=128)']['mean']):.1f} "
+        f"(n={n(f'{control}, {miss}', b512, 'rmm(lag=128)')})",
+        "both lose to h2o on reused codes at both budgets ({}, {})".format(
             *(
-                " and ".join(diff(REUSE, again, b, p, 1).split(" [")[0] for b in ("256 tokens", "512 tokens"))
+                " and ".join(diff(REUSE, again, b, p, 1).split(" [")[0] for b in (b256, b512))
                 for p in ("rmm(lag=16)", "rmm(lag=64)")
             )
         ),
-        f"lag 128 at 512 tokens ({diff(REUSE, again, '512 tokens', 'rmm(lag=128)', 1)})",
-        "the\n  controls too (lag 16: {}, {})".format(
-            *(diff(REUSE, control, b, "rmm(lag=16)", 1).split(" [")[0] for b in ("256 tokens", "512 tokens"))
+        "against h2o it has {tie} ties, {identical} identical pairs and {no_signal} with no signal".format(
+            **{k.replace(" ", "_"): v for k, v in verdicts(REUSE, ("rmm",)).items()}
+        ),
+        f"(overall {diff(REUSE, 'overall', b256, 'rmm', 1)} at 256 tokens, {diff(REUSE, 'overall', b512, 'rmm', 1)} "
+        "at 512)",
+        f"at lag 128 ({diff(REUSE, first, b256, 'rmm(lag=128)', 1)} at 256 tokens, "
+        f"{diff(REUSE, first, b512, 'rmm(lag=128)', 1)} at 512)",
+        "wins there by more ({}, {})".format(
+            *(diff(REUSE, first, b, "streaming_llm", 1).split(" [")[0] for b in (b256, b512))
         ),
         f"**Against the full cache** ({float(card(REUSE)['overall', 'full', 'full']['mean']):.1f} overall)",
-        f"at 512 streaming_llm ties it\n  ({diff(REUSE, 'overall', '512 tokens', 'streaming_llm', 1, 'full_')})",
-        f"h2o and rmm by {diff(REUSE, 'overall', '512 tokens', 'rmm', 1, 'full_')}",
+        f"at 512 streaming_llm ties it ({diff(REUSE, 'overall', b512, 'streaming_llm', 1, 'full_')})",
+        f"h2o by {diff(REUSE, 'overall', b512, 'h2o', 1, 'full_')}",
     ]
-    assert diff(REUSE, "overall", "512 tokens", "h2o", 1, "full_") == diff(
-        REUSE, "overall", "512 tokens", "rmm", 1, "full_"
-    )
-    assert verdicts(REUSE, ("rmm",)) == Counter(tie=7, **{"no signal": 1})
-    assert verdict(REUSE, first, "256 tokens", "rmm") == "no signal"
-    assert {verdict(REUSE, "overall", "256 tokens", p, "full_") for p in (*PRESSES, "h2o")} == {"loss"}
-    assert verdict(REUSE, "overall", "512 tokens", "streaming_llm", "full_") == "tie"
-    assert {verdict(REUSE, "overall", "512 tokens", p, "full_") for p in PRESSES if p != "streaming_llm"} == {"loss"}
-    assert {
-        verdict(REUSE, again, b, p) for b in ("256 tokens", "512 tokens") for p in ("rmm(lag=16)", "rmm(lag=64)")
-    } == {"loss"}
+    reused = [r for r in rows(REUSE) if r["kind"] == "reuse" and r["press"] in ("rmm(lag=16)", "rmm(lag=64)")]
+    reached = [r for r in reused if r["first_use_distance"] <= int(r["press"][8:-1])]
+    assert len(reached) <= 0.05 * len(reused), "almost no window of lags 16 and 64 reaches a reused code's use"
+    assert set(verdicts(REUSE, ("rmm",))) == {"tie", "identical", "no signal"}
+    assert {contrast(REUSE, b, p)["verdict"] for b in (b256, b512) for p in RMMS} == {"tie"}
+    assert contrast(REUSE, b256, "h2o")["verdict"] == contrast(REUSE, b512, "h2o")["verdict"] == "tie"
+    assert contrast(REUSE, b512, "snapkv")["verdict"] == contrast(REUSE, b512, "tova")["verdict"] == "win"
+    assert {verdict(REUSE, "overall", b256, p, "full_") for p in (*PRESSES, "h2o")} == {"loss"}
+    assert verdict(REUSE, "overall", b512, "streaming_llm", "full_") == "tie"
+    assert {verdict(REUSE, "overall", b512, p, "full_") for p in PRESSES if p != "streaming_llm"} == {"loss"}
+    assert {verdict(REUSE, again, b, p) for b in (b256, b512) for p in ("rmm(lag=16)", "rmm(lag=64)")} == {"loss"}
+    assert {verdict(REUSE, first, b, p) for b in (b256, b512) for p in ("rmm(lag=128)", "streaming_llm")} == {"win"}
     return claims
 
 
@@ -384,7 +421,9 @@ def readme_claims() -> list[str]:
     lengths = [q["history_tokens"] for q in history["per_question"]]
     long_seconds = unit_seconds(MQ_LONG)
     return [
-        f"it\nties H2O in {verdicts(REUSE, ('rmm',))['tie']} of {sum(verdicts(REUSE, ('rmm',)).values())} conditions",
+        "never separates from H2O ({tie} ties, {identical} identical pairs, {no_signal} with no signal)".format(
+            **{k.replace(" ", "_"): v for k, v in verdicts(REUSE, ("rmm",)).items()}
+        ),
         f"{verdicts(MQ, RMMS)['no signal']} of its 48 pairs with H2O carry\nno signal",
         f"full cache's {float(card(MQ)['overall', 'full', 'full']['mean']):.1f}%",
         "({:.0f} s and {:.0f} s per 4k\ndocument, {:.0f} s and {:.0f} s per 16k one, {} s for one of 32k".format(
