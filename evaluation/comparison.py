@@ -143,7 +143,7 @@ def write_combined(
     )
     if partial:
         note += f" Partial: {', '.join(partial)} had not finished (still running, or cut off): its rows so far."
-    tables = [contrast_table(b, rows, f"{b.name} ", resamples, seed) for b, rows in runs if b.contrasts]
+    tables = [contrast_table(b, rows, f"{b.name}: ", resamples, seed) for b, rows in runs if b.contrasts]
     contrasts = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     appendix = contrast_section(contrasts) if not contrasts.empty else []
     write_scorecard(output, summary, f"Scorecard against {reference}", note, reference, appendix=appendix)

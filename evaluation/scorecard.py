@@ -185,7 +185,7 @@ def contrast_section(table: pd.DataFrame) -> list[str]:
     """The markdown of the contrasts: one table per contrast."""
     lines = []
     for name, group in table.groupby("contrast", sort=False):
-        first, second = name.split(" - ", 1)
+        first, second = name.rpartition(": ")[2].split(" - ", 1)  # the combined scorecard prefixes its benchmark
         lines += ["", f"## {name}, paired", ""]
         lines += [
             f"Each {first} question against the {second} question of its pair (same press, same budget); win: "

@@ -201,7 +201,13 @@ def test_reuse_streams_resumes_and_refuses_other_episodes(model_dir, tmp_path, c
     assert reuse_run(model_dir, output, "--seed", "1") == 2
     assert "holds a run with other settings" in capsys.readouterr().err
     assert main(["scorecard", str(output), "--output", str(tmp_path / "combined")]) == 0
-    assert "| Reuse asked again | 300 tokens |" in (tmp_path / "combined" / "scorecard.md").read_text()
+    combined = (tmp_path / "combined" / "scorecard.md").read_text()
+    assert "| Reuse asked again | 300 tokens |" in combined
+    assert "## Reuse: asked again - never asked (control), paired" in combined
+    assert "| budget | press | asked again | never asked (control) | difference | n | verdict |" in combined
+    assert (output / "contrasts.csv").read_text() == (tmp_path / "combined" / "contrasts.csv").read_text().replace(
+        "Reuse: ", ""
+    ), "the combined scorecard carries the run's contrasts"
 
 
 def test_a_document_longer_than_the_history_limit_says_how_to_read_past_it(model_dir, tmp_path, capsys):
