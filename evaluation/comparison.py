@@ -12,7 +12,7 @@ import pandas as pd
 
 from evaluation.benchmark import Benchmark
 from evaluation.errors import EvaluationError
-from evaluation.scorecard import contrast_section, contrast_table, scores_frame, summarize, write_scorecard
+from evaluation.scorecard import contrast_table, scores_frame, summarize, write_scorecard
 from evaluation.store import read_rows
 
 
@@ -144,9 +144,6 @@ def write_combined(
     if partial:
         note += f" Partial: {', '.join(partial)} had not finished (still running, or cut off): its rows so far."
     tables = [contrast_table(b, rows, f"{b.name}: ", resamples, seed) for b, rows in runs if b.contrasts]
-    contrasts = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
-    appendix = contrast_section(contrasts) if not contrasts.empty else []
-    write_scorecard(output, summary, f"Scorecard against {reference}", note, reference, appendix=appendix)
-    if not contrasts.empty:
-        contrasts.drop(columns="digits").to_csv(output / "contrasts.csv", index=False)
+    contrasts = pd.concat(tables, ignore_index=True) if tables else None
+    write_scorecard(output, summary, f"Scorecard against {reference}", note, reference, contrasts=contrasts)
     return summary

@@ -266,10 +266,12 @@ def write_scorecard(
     presses: list[str] | None = None,
     budgets: list[str] | None = None,
     appendix: list[str] | None = None,
+    contrasts: pd.DataFrame | None = None,
 ) -> None:
     """``scorecard.csv`` (long form), ``scorecard.md`` (conditions x budgets by press, then the differences
     against the reference with wins / ties / losses), ``scorecard.png`` (absolute scores) and ``forest.png``. Every
     press and budget of ``summary`` is in each: ``presses`` and ``budgets`` (a run's asked grid) come first;
+    ``contrasts`` (``contrast_table``), when it holds any, go to ``contrasts.csv`` and a section of their own;
     ``appendix`` (markdown lines) closes the markdown."""
     output.mkdir(parents=True, exist_ok=True)
     columns = ["condition", "budget", "press", "mean", "low", "high", "n", "failed"]
@@ -299,6 +301,9 @@ def write_scorecard(
     lines += ["| condition | budget | " + " | ".join(presses) + " |", "|---|---|" + "---|" * len(presses), *rows]
     for prefix, against in baselines(reference):
         lines += comparison_section(summary, prefix, against)
+    if contrasts is not None and not contrasts.empty:
+        contrasts.drop(columns="digits").to_csv(output / "contrasts.csv", index=False)
+        lines += contrast_section(contrasts)
     (output / "scorecard.md").write_text("\n".join(lines + (appendix or [])) + "\n")
     plot_scores(output / "scorecard.png", summary, presses, budgets)
     plot_forest(output / "forest.png", summary, reference)

@@ -25,7 +25,7 @@ from evaluation.models import ModelSettings, context_length, local_model, what_l
 from evaluation.press_needs import SHARED, describe, needs, question_position
 from evaluation.press_specs import check_presses, make_press
 from evaluation.run_record import RunRecord
-from evaluation.scorecard import contrast_section, contrast_table, scores_frame, summarize, write_scorecard
+from evaluation.scorecard import contrast_table, scores_frame, summarize, write_scorecard
 from evaluation.store import ResultStore
 from evaluation.streaming.config import PLACEMENTS, RESULTS_DEFINING, TEACHER_FORCED_KINDS, StreamConfig
 from evaluation.streaming.episodes import Conversation, Question
@@ -459,7 +459,4 @@ def write_stream_scorecard(
         summary = summarize(frame, REFERENCE)
         title = f"{task.benchmark.name} streaming: {output.name}"
         contrasts = contrast_table(task.benchmark, rows)
-        if not contrasts.empty:
-            contrasts.drop(columns="digits").to_csv(output / "contrasts.csv", index=False)
-        appendix = contrast_section(contrasts) if not contrasts.empty else []
-        write_scorecard(output, summary, title, note, REFERENCE, presses, labels, appendix)
+        write_scorecard(output, summary, title, note, REFERENCE, presses, labels, contrasts=contrasts)
