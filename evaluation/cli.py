@@ -1,4 +1,5 @@
-"""The command line: ``python -m evaluation longbench | locomo | traces | scorecard | score``.
+"""The command line: ``python -m evaluation SUBCOMMAND``, one per protocol (LongBench, each streamed task, the
+lab, the probe), ``scorecard`` and ``score``.
 
 Settings are layered as KVPress's evaluation layers them: each option's default < a YAML file given with
 ``--config`` (``evaluation.config_file``: the same flags' types check it) < the command line. Every number is
@@ -168,6 +169,24 @@ def add_traces(subparsers: argparse._SubParsersAction) -> None:
     )
 
 
+def add_probe(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "probe",
+        help="mechanism probe: do the scorers rank first the two facts a two-hop answer chains? (section 7)",
+        description="Generate (from --seed) two-hop probes of 16 one-sentence facts, let the model answer each "
+        "(reasoning first, as a worked example shows), and rank the facts by demonstrated utility over the "
+        "answer's rows, H2O, TOVA, SnapKV and recency, each through its press's own score: how often both gold "
+        "facts rank in the top 2 and top 4, for correctly and incorrectly answered probes.",
+    )
+    add_common(parser, "probe", presses=None)
+    parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
+    parser.add_argument("--probes", type=whole(1), default=400, help="probes (default 400)")
+    parser.add_argument(
+        "--no-reasoning", action="store_true", help="answer with the colour alone (default: state the chain first)"
+    )
+    parser.add_argument("--max-new-tokens", type=whole(1), default=40, help="answer length limit (default 40)")
+
+
 def add_score(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("score", help="rescore a JSONL file of predictions with the official metrics")
     parser.add_argument("benchmark", choices=["longbench", "locomo"])
@@ -238,6 +257,10 @@ def run_protocol(args: argparse.Namespace) -> Path:
             task=args.command,
             **tasks()[args.command].settings(args),
         )
+    elif args.command == "probe":
+        from evaluation.probe.runner import ProbeConfig, dry_run, run
+
+        config = ProbeConfig(model, args.seed, args.probes, not args.no_reasoning, output, args.max_new_tokens)
     else:
         from evaluation.traces.runner import TracesConfig, dry_run, run
 
@@ -281,6 +304,7 @@ def parser_for_every_command() -> argparse.ArgumentParser:
     for task in tasks().values():
         add_stream_task(subparsers, task)
     add_traces(subparsers)
+    add_probe(subparsers)
     add_scorecard(subparsers)
     add_score(subparsers)
     for subparser in subparsers.choices.values():

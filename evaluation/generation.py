@@ -3,6 +3,7 @@ of one prompt in one batch (the shared path)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -33,11 +34,13 @@ def decode(
     max_new_tokens: int,
     stop_ids: set[int],
     first_logits: torch.Tensor | None = None,
+    on_logits: Callable[[torch.Tensor], None] | None = None,
 ) -> list[int]:
     """Append ``question_ids`` at ``position`` onwards, then decode greedily; returns the generated ids.
 
     ``first_logits`` (the prefill's last logits) is needed only when there is no question to append. Stops
-    after a token in ``stop_ids`` (not included) or ``max_new_tokens`` tokens.
+    after a token in ``stop_ids`` (not included) or ``max_new_tokens`` tokens. ``on_logits`` sees the logits
+    (vocab,) each token is chosen from, in order.
     """
     device = model.device
     logits = first_logits
@@ -49,6 +52,8 @@ def decode(
         logits, position = outputs.logits, position + question_ids.shape[1]
     generated: list[int] = []
     for _ in range(max_new_tokens):
+        if on_logits is not None:
+            on_logits(logits[0, -1])
         token = int(logits[0, -1].argmax())
         if token in stop_ids:
             break

@@ -14,13 +14,14 @@ prefill of the whole history under that press would leave, decided by the press'
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from kvpress.presses.base_press import BasePress
+from kvpress.presses.scorer_press import ScorerPress
 from transformers import DynamicCache, PreTrainedModel
 
-from evaluation.engine.hooks import Compressed, cache_of, no_new_hooks, run_hook
+from evaluation.engine.hooks import Compressed, cache_of, no_new_hooks, run_hook, run_score
 from evaluation.press_needs import ALL, SHARED, combined, needs
 from presses.attention import attention_rows, group_mean, sliding_window
 from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
@@ -185,28 +186,33 @@ class History:
         must not extend it), each layer decided by the press's own hook."""
         if press is None or evicts_nothing(press):
             return Compressed(self.cache, [None] * len(self.layers), owned=False)
+        layers, masks = [], []
+        for kept_keys, kept_values, mask in self._per_layer(press, run_hook):
+            layers.append((kept_keys, kept_values))
+            masks.append(mask)
+        return Compressed(cache_of(layers), masks)
+
+    def scores(self, press: ScorerPress) -> list[torch.Tensor]:
+        """The scorer's own score of every position of the history, per layer (batch, num_kv_heads, length), from
+        what its hook would read at the end of a prefill of the whole history."""
+        return list(self._per_layer(press, run_score))
+
+    def _per_layer(self, press: BasePress, call: Callable) -> Iterator:
+        """``call(press, module, keys, values, hidden, rotary, weights, sums)`` layer by layer, on the inputs the
+        press's hook reads."""
         if not self.can_serve(press):
             raise ValueError(f"{press!r} reads more than this history keeps: give it its own prefill")
         need = needs(press)
         with no_new_hooks(self.model):  # what post_init_from_model hooks on the model (RMM's transcript) goes after
             press.post_init_from_model(self.model)
-            return Compressed(*self._run_hooks(press, need))
-
-    def _run_hooks(self, press: BasePress, need) -> tuple[DynamicCache, list[torch.Tensor | None]]:
-        layers, masks = [], []
-        for index, layer in enumerate(self.layers):
-            module = layer.self_attn
-            module.rotary_emb = language_model(self.model).rotary_emb  # as KVPress's context manager sets it
-            sums = {statistic: self.column_sums(statistic, index) for statistic in need.sums}
-            keys, values = self.cache.layers[index].keys, self.cache.layers[index].values
-            weights = None  # H2O's sums as a one-row stand-in for the eager weights, one copy per query head
-            if need.reads_weights:
-                heads = module.config.num_attention_heads // keys.shape[1]
-                weights = sums[H2O_SUMS].repeat_interleave(heads, 1)[:, :, None]
-            hidden = self.layer_input(index, need.rows)
-            kept_keys, kept_values, mask = run_hook(
-                press, module, keys, values, hidden, self.rotary[index], weights, sums
-            )
-            layers.append((kept_keys, kept_values))
-            masks.append(mask)
-        return cache_of(layers), masks
+            for index, layer in enumerate(self.layers):
+                module = layer.self_attn
+                module.rotary_emb = language_model(self.model).rotary_emb  # as KVPress's context manager sets it
+                sums = {statistic: self.column_sums(statistic, index) for statistic in need.sums}
+                keys, values = self.cache.layers[index].keys, self.cache.layers[index].values
+                weights = None  # H2O's sums as a one-row stand-in for the eager weights, one copy per query head
+                if need.reads_weights:
+                    heads = module.config.num_attention_heads // keys.shape[1]
+                    weights = sums[H2O_SUMS].repeat_interleave(heads, 1)[:, :, None]
+                hidden = self.layer_input(index, need.rows)
+                yield call(press, module, keys, values, hidden, self.rotary[index], weights, sums)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 from kvpress.presses.base_press import BasePress
+from kvpress.presses.scorer_press import ScorerPress
 from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -101,24 +102,57 @@ def run_hook(
     """The keys, values and mask the press leaves for ``module``'s layer after a prefill of ``hidden_states``
     (batch, length, hidden) whose full keys and values these are, as under sdpa (``attentions`` None) or with
     H2O's sums standing in for the eager weights; ``sums``: the column sums handed to presses that read them."""
-    length = keys.shape[2]
-    positions = torch.arange(length, device=keys.device)
-    layer_cache = cache_of([*[(keys, values)] * module.layer_idx, (keys.clone(), values.clone())])
-    kwargs = {
+    kwargs = hook_kwargs(module, keys, values, hidden_states, rotary)
+    with on_module(module), provide(module, sums), press_refusals(press):
+        press.forward_hook(module, [], kwargs, (None, attentions))
+        layer = kwargs["past_key_values"].layers[module.layer_idx]
+        return layer.keys, layer.values, mask_of(getattr(module, MASKED, None), layer.keys)
+
+
+def run_score(
+    press: ScorerPress,
+    module: nn.Module,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    hidden_states: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    attentions: torch.Tensor | None,
+    sums: dict[ColumnSums, torch.Tensor],
+) -> torch.Tensor:
+    """The scorer's own ``score`` of every cached position of ``module``'s layer, (batch, num_kv_heads, length),
+    from the same inputs ``run_hook`` hands its forward hook."""
+    kwargs = hook_kwargs(module, keys, values, hidden_states, rotary)
+    with on_module(module), provide(module, sums), press_refusals(press):
+        return press.score(module, hidden_states, keys, values, attentions, kwargs)
+
+
+def hook_kwargs(
+    module: nn.Module,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    hidden_states: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor],
+) -> dict:
+    """The keyword arguments a prefill of ``hidden_states`` passes ``module``'s forward hook, with a stand-in
+    cache holding a copy of the layer's keys and values (some presses edit keys in place)."""
+    positions = torch.arange(keys.shape[2], device=keys.device)
+    return {
         "hidden_states": hidden_states,
         "attention_mask": None,
         "position_ids": positions[None],
-        "past_key_values": layer_cache,
+        "past_key_values": cache_of([*[(keys, values)] * module.layer_idx, (keys.clone(), values.clone())]),
         "use_cache": True,
         "cache_position": positions,
         "position_embeddings": rotary,
     }
+
+
+@contextmanager
+def on_module(module: nn.Module) -> Iterator[None]:
+    """Whatever a press sets on ``module`` inside the block is removed, and what it changed restored."""
     saved = dict(vars(module))
     try:
-        with provide(module, sums), press_refusals(press):
-            press.forward_hook(module, [], kwargs, (None, attentions))
-        layer = layer_cache.layers[module.layer_idx]
-        return layer.keys, layer.values, mask_of(getattr(module, MASKED, None), layer.keys)
+        yield
     finally:
         for name in set(vars(module)) - set(saved):
             delattr(module, name)
