@@ -117,7 +117,8 @@ def add_stream_task(subparsers: argparse._SubParsersAction, task: StreamTask) ->
         "--rmm-weights",
         choices=["answers", "all"],
         default="answers",
-        help="rows whose teacher-forced correctness weighs in RMM (default: answer tokens only)",
+        help="rows whose teacher-forced correctness (under rmm(correctness='confidence'): top-1 probability) weighs "
+        "in RMM (default: answer tokens only)",
     )
     parser.add_argument(
         "--max-new-tokens",

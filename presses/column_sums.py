@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-CORRECTNESS = ("uniform", "teacher_forced", "supplied")
+CORRECTNESS = ("uniform", "teacher_forced", "confidence", "supplied")
 PROVIDED = "kvet_column_sums"  # the attention module's attribute: {ColumnSums: sums (batch, num_heads, k_len)}
 
 
@@ -25,7 +25,8 @@ PROVIDED = "kvet_column_sums"  # the attention module's attribute: {ColumnSums: 
 class ColumnSums:
     """``sum over rows t of w(t) a(t -> k)`` per query head: over every row t >= k (``lag=None``, H2O's sums,
     the diagonal included) or over Eq. 1's window k < t <= k + lag; w(t) is 1 (``uniform``), the model's
-    teacher-forced correctness (``teacher_forced``) or weights a caller supplied (``supplied``)."""
+    teacher-forced correctness (``teacher_forced``), the probability of its top-1 prediction at t
+    (``confidence``) or weights a caller supplied (``supplied``)."""
 
     lag: int | None = None
     correctness: str = "uniform"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from presses.teacher_forcing import hooks_suspended, language_model, top1_predictions
+from presses.teacher_forcing import hooks_suspended, language_model
 
 VOCABULARY_CHUNK = 4096  # vocabulary rows whose layer-0 values are compared at a time
 
@@ -63,8 +63,9 @@ def token_ids_of(model: PreTrainedModel, values: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def replay(model: PreTrainedModel, ids: torch.Tensor) -> tuple[dict[int, LayerInput], torch.Tensor]:
-    """Every layer's input for ``ids`` (batch, n) at positions 0..n-1, and the top-1 prediction of every row,
-    from one forward with every hook of the model suspended (nothing compresses or records)."""
+    """Every layer's input for ``ids`` (batch, n) at positions 0..n-1, and the final hidden states (batch, n,
+    hidden) whose logits predict each row's next token, from one forward with every hook of the model suspended
+    (nothing compresses or records)."""
     with hooks_suspended(model):
         hidden, captured = forward_capturing(model, ids, None, 0)
-    return captured, top1_predictions(model.get_output_embeddings(), hidden)
+    return captured, hidden

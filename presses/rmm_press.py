@@ -17,7 +17,7 @@ from presses.fused_attention import fused_column_sums
 from presses.ordered_scorer_press import OrderedScorerPress, check_compression_ratio, gather_kept, kept_indices
 from presses.prefix import replay, token_ids_of
 from presses.smoother import UNKNOWN, Smoother, key_marks
-from presses.teacher_forcing import Transcript, checked_correctness, language_model
+from presses.teacher_forcing import FROM_PREDICTIONS, Transcript, checked_correctness, language_model
 
 
 @dataclass
@@ -28,7 +28,8 @@ class RMMPress(OrderedScorerPress):
 
     A cached position k has demonstrated utility (Eq. 1) DU_H(k) = sum over rows t in (t_k, t_k + H] of
     w(t) a(t -> k), averaged over the query heads of its KV group; w(t) is 1 if the model's top-1 prediction
-    at t is the token t + 1 (teacher forcing), else 0. The H newest positions are the provisional buffer, never
+    at t is the token t + 1 (teacher forcing), else 0, or, with no gold token, the probability the model gives
+    that prediction (``confidence``, a deployment proxy). The H newest positions are the provisional buffer, never
     evicted; the rest of the budget keeps the committed positions of highest utility, and a newcomer must
     outrank an incumbent. ``lag=None`` is the paper's benchmark scorer, KVPress's H2O score with a weight per
     row, which with uniform weights keeps exactly what ``ObservedAttentionPress`` keeps. One smoother per layer
@@ -40,8 +41,8 @@ class RMMPress(OrderedScorerPress):
         Fraction of the cache to evict, in [0, 1).
     lag : int or None, default=None
         The commit lag H >= 0, or None for the H2O-class scorer without a buffer.
-    correctness : "teacher_forced", "uniform", or per-position weights, default="teacher_forced"
-        w(t): teacher-forced correctness, all ones, or one weight per absolute position ((length,) or (batch, length)).
+    correctness : "teacher_forced", "confidence", "uniform", or per-position weights, default="teacher_forced"
+        w(t): teacher-forced, top-1 probability, all ones, or one per absolute position ((length,) or (batch, length)).
     chunk_size : int, default=64
         Query rows per chunk when attention rows are recomputed.
     fused_attention : bool, default=False
@@ -68,16 +69,18 @@ class RMMPress(OrderedScorerPress):
             raise ValueError(f"chunk_size must be a positive integer, got {self.chunk_size!r}")
         if not isinstance(self.fused_attention, bool):
             raise ValueError(f"fused_attention must be True or False, got {self.fused_attention!r}")
-        if self.fused_attention and self.teacher_forced:
+        if self.fused_attention and self.from_predictions:
             raise ValueError(
-                "fused_attention=True sums during the forward, before teacher-forced weights exist: use "
-                "correctness='uniform' or per-position weights, or fused_attention=False"
+                f"fused_attention=True sums during the forward, before the weights of correctness={self.correctness!r} "
+                "exist (they need the forward's logits): use correctness='uniform' or per-position weights, or "
+                "fused_attention=False"
             )
         self.correctness = checked_correctness(self.correctness)
 
     @property
-    def teacher_forced(self) -> bool:
-        return isinstance(self.correctness, str) and self.correctness == "teacher_forced"
+    def from_predictions(self) -> bool:
+        """Whether w(t) comes from the model's own predictions (teacher forced or confidence), via a transcript."""
+        return isinstance(self.correctness, str) and self.correctness in FROM_PREDICTIONS
 
     @property
     def statistic(self) -> ColumnSums:
@@ -163,7 +166,7 @@ class RMMPress(OrderedScorerPress):
 
     def _observe_rows(self, module, smoother, hidden_states, keys, attentions, kwargs, positions, prefilling) -> None:
         """Observe the rows of ``hidden_states`` at ``positions`` that ``smoother`` has not seen yet."""
-        smoother.revise(self._transcript.confirm)
+        smoother.revise(self._transcript.confirmation(self.correctness))
         sums = provided(module, self.statistic, keys.shape[2]) if prefilling and attentions is None else None
         if sums is not None:
             smoother.set_sums(group_mean(sums.float(), keys.shape[1]))
@@ -194,8 +197,8 @@ class RMMPress(OrderedScorerPress):
             return
         if self._prefix.get("cache") is not cache or module.layer_idx not in self._prefix["captured"]:
             ids = token_ids_of(self._model, cache.layers[0].values[:, :, :first])
-            captured, predictions = replay(self._model, ids)
-            self._transcript.store(torch.arange(first, device=ids.device).expand(ids.shape[0], -1), ids, predictions)
+            captured, hidden = replay(self._model, ids)
+            self._transcript.store(self._model, ids, hidden)
             self._prefix = {"cache": cache, "captured": captured}
         hidden, rotary = self._prefix["captured"].pop(module.layer_idx)
         rows = torch.arange(first, device=keys.device).expand(keys.shape[0], -1)
@@ -204,7 +207,7 @@ class RMMPress(OrderedScorerPress):
 
     def row_weights(self, positions: torch.Tensor, prefilling: bool) -> tuple[torch.Tensor, list[int]]:
         """w(t) at ``positions`` (batch, n_rows), and the rows whose weights are still provisional (their indices):
-        rows whose prediction or next token is not known yet count as correct until ``Smoother.revise``."""
+        rows whose prediction (or next token) is not known yet count as correct until ``Smoother.revise``."""
         if isinstance(self.correctness, torch.Tensor):
             if int(positions.max()) >= self.correctness.shape[-1]:
                 raise ValueError(
@@ -213,12 +216,12 @@ class RMMPress(OrderedScorerPress):
                 )
             weights = self.correctness.to(positions.device).expand(positions.shape[0], -1)
             return weights.gather(1, positions), []
-        if self.teacher_forced and prefilling:
-            self._transcript.predict(self._model, positions)
-        known = self._transcript.weights(positions) if self.teacher_forced else None
-        if self.teacher_forced and known is None:
+        if self.from_predictions and prefilling:
+            self._transcript.predict(self._model, positions, self.correctness)
+        known = self._transcript.weights(positions, self.correctness) if self.from_predictions else None
+        if self.from_predictions and known is None:
             warnings.warn(
-                "RMMPress(correctness='teacher_forced') cannot see the token ids (the model ran on inputs_embeds, "
+                f"RMMPress(correctness={self.correctness!r}) cannot see the token ids (the model ran on inputs_embeds, "
                 "or a wrapper such as PerLayerCompressionPress never showed it the model): uniform weights",
                 stacklevel=2,
             )
@@ -229,8 +232,8 @@ class RMMPress(OrderedScorerPress):
         the hooks go when the hooks of the press that holds this one are removed."""
         self._transcript.detach()
         self._model = model
-        if self.teacher_forced:
-            self._transcript.attach(model, self)
+        if self.from_predictions:
+            self._transcript.attach(model, self, confident=self.correctness == "confidence")
 
     @contextmanager
     def __call__(self, model: PreTrainedModel) -> Iterator[None]:

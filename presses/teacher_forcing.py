@@ -1,8 +1,10 @@
-"""Teacher-forced correctness of a causal LM's predictions, and what a press needs to read it.
+"""A causal LM's teacher-forced correctness and its confidence proxy, and what a press needs to read them.
 
-Row t is correct when the model's top-1 prediction at t equals the token at t + 1. A press scoring inside
-another press's hooks (``DecodingPress``, ``ComposedPress``, ...) sees neither the token ids nor the logits, so
-``Transcript`` records them, per absolute position, from hooks on the decoder stack and its final norm.
+Row t is correct when the model's top-1 prediction at t equals the token at t + 1; its confidence is the
+probability the model gives that prediction, known with row t's logits and without any gold token. A press
+scoring inside another press's hooks (``DecodingPress``, ``ComposedPress``, ...) sees neither the token ids nor
+the logits, so ``Transcript`` records them, per absolute position, from hooks on the decoder stack and its final
+norm.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
+from presses.smoother import Confirmation
 from presses.wrapped import every_press
 
 LOGIT_CHUNK_SIZE = 512
-CORRECTNESS_MODES = ("teacher_forced", "uniform")
+CORRECTNESS_MODES = ("teacher_forced", "confidence", "uniform")
+FROM_PREDICTIONS = ("teacher_forced", "confidence")  # the modes whose weights a ``Transcript`` records
 
 
 def checked_correctness(correctness: str | torch.Tensor | Sequence[float]) -> str | torch.Tensor:
@@ -60,6 +64,22 @@ def top1_predictions(
         ],
         dim=1,
     )
+
+
+@torch.no_grad()
+def top1_confidence(
+    lm_head: nn.Module, hidden_states: torch.Tensor, chunk_size: int = LOGIT_CHUNK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-1 predictions of ``top1_predictions`` and their probabilities, the max of the softmax of each
+    row's logits in float32 (1 / sum of exp(logit - top)), from the same chunked pass, in place on each chunk's
+    logits: (batch, length) ids and (batch, length) float32."""
+    ids, probabilities = [], []
+    for start in range(0, hidden_states.shape[1], chunk_size):
+        logits = lm_head(hidden_states[:, start : start + chunk_size]).float()
+        index = logits.argmax(-1)  # as ``top1_predictions`` breaks ties: the float32 copy holds the same values
+        ids.append(index)
+        probabilities.append(logits.sub_(logits.gather(-1, index[..., None])).exp_().sum(-1).reciprocal())
+    return torch.cat(ids, dim=1), torch.cat(probabilities, dim=1)
 
 
 @torch.no_grad()
@@ -114,18 +134,21 @@ def forward_positions(kwargs: dict, length: int, device: torch.device) -> torch.
 
 
 class Transcript:
-    """Token ids and top-1 predictions by absolute position, for the sequence a wrapped press is compressing.
+    """Token ids, top-1 predictions and (when ``confident``) their probabilities by absolute position, for the
+    sequence a wrapped press is compressing.
 
     ``attach`` hooks the decoder stack (its input ids) and its final norm (the predictions of every row it
     outputs). The hooks live as long as the wrapper press that runs ``owner``: once its attention hooks are
     removed (the wrapper's context exits), the transcript's own hooks are removed with them. A forward supersedes
     everything recorded from its first position on (a new sequence, a cache cropped for the next question).
-    ``correct(p)``: whether the prediction at position p matched the token at p + 1 (None while either is unknown).
+    ``confirm`` reads teacher-forced correctness, ``confident_weights`` the probabilities (``confirmation`` picks).
     """
 
     def __init__(self) -> None:
         self.tokens = torch.empty(0, 0, dtype=torch.long)  # (batch, positions); -1 unknown
         self.predictions = torch.empty(0, 0, dtype=torch.long)
+        self.probabilities = torch.empty(0, 0, dtype=torch.float32)  # recorded only when ``confident``
+        self.confident = False
         self.handles: list[RemovableHandle] = []
         self._bound: list[weakref.finalize] = []
 
@@ -133,8 +156,9 @@ class Transcript:
     def attached(self) -> bool:
         return bool(self.handles)
 
-    def attach(self, model: PreTrainedModel, owner: object) -> None:
+    def attach(self, model: PreTrainedModel, owner: object, confident: bool = False) -> None:
         self.detach()
+        self.confident = confident
         stack = language_model(model)
         lm_head = model.get_output_embeddings()
         self.handles = [
@@ -150,8 +174,12 @@ class Transcript:
         self.handles, self._bound = [], []
 
     def clear(self) -> None:
-        self.tokens = self.tokens[:, :0]
-        self.predictions = self.predictions[:, :0]
+        self._truncate(0)
+
+    def _truncate(self, length: int) -> None:
+        """Forget everything recorded at position ``length`` and later."""
+        tables = (self.tokens, self.predictions, self.probabilities)
+        self.tokens, self.predictions, self.probabilities = (table[:, :length] for table in tables)
 
     def _record_ids(self, model: PreTrainedModel, owner: object, args: tuple, kwargs: dict) -> None:
         if not self._bind_to_wrapper(model, owner):
@@ -164,7 +192,7 @@ class Transcript:
         if padding is not None and padding.ndim == 2 and padding.shape == ids.shape:
             positions = positions.masked_fill(padding == 0, -1)  # no padding token is recorded
         first = max(int(positions.max(-1).values.min()) - ids.shape[1] + 1, 0)  # this forward supersedes from here
-        self.tokens, self.predictions = self.tokens[:, :first], self.predictions[:, :first]
+        self._truncate(first)
         self.tokens = _write(self.tokens, positions, ids)
         self._last_positions = positions
         self._call = {"input_ids": ids, **{key: kwargs.get(key) for key in ("attention_mask", "position_ids")}}
@@ -176,7 +204,17 @@ class Transcript:
         known = _read(self.predictions, positions)
         if bool((known >= 0).all()):
             return  # a pre-pass already predicted these rows
-        self.predictions = _write(self.predictions, positions, top1_predictions(lm_head, output))
+        self._write_predictions(lm_head, positions, output)
+
+    def _write_predictions(self, lm_head: nn.Module, positions: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Record the predictions of the rows of ``hidden`` (and, when ``confident``, their probabilities, from the
+        same pass over the vocabulary) at ``positions`` (batch, length)."""
+        if self.confident:
+            predicted, probabilities = top1_confidence(lm_head, hidden)
+            self.probabilities = _write(self.probabilities, positions, probabilities)
+        else:
+            predicted = top1_predictions(lm_head, hidden)
+        self.predictions = _write(self.predictions, positions, predicted)
 
     def _bind_to_wrapper(self, model: PreTrainedModel, owner: object) -> bool:
         """Tie the hooks' lifetime to the wrapper's attention hooks; False (and detach) when none is left."""
@@ -195,10 +233,11 @@ class Transcript:
         self._bound = [weakref.finalize(hook, self.detach) for hook in hooks]
         return True
 
-    def store(self, positions: torch.Tensor, ids: torch.Tensor, predictions: torch.Tensor) -> None:
-        """Record a pre-pass's ids and predictions at ``positions`` (batch, length)."""
+    def store(self, model: PreTrainedModel, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Record a replay's ids (batch, n) at positions 0..n-1 and the predictions of its final hidden states."""
+        positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
         self.tokens = _write(self.tokens, positions, ids)
-        self.predictions = _write(self.predictions, positions, predictions)
+        self._write_predictions(model.get_output_embeddings(), positions, hidden)
 
     def confirm(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per (batch, position) at ``positions`` (batch, k): 1.0 where the prediction at p equals the token at
@@ -209,32 +248,49 @@ class Transcript:
         correct = torch.where(recorded, (predicted == following).float(), 1.0)
         return correct, ~recorded | ((predicted >= 0) & (following >= 0))
 
+    def confident_weights(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per (batch, position) at ``positions`` (batch, k): the probability of the top-1 prediction at p; and
+        whether it is settled: known (with p's logits, no later token needed), or no token was recorded at p
+        (padding: 1.0)."""
+        probability, recorded = _read(self.probabilities, positions), _read(self.tokens, positions) >= 0
+        return torch.where(recorded, probability, 1.0), ~recorded | (probability >= 0)
+
+    def confirmation(self, correctness: str | torch.Tensor) -> Confirmation:
+        """How the weights of ``correctness`` are read: ``confident_weights`` for confidence, else ``confirm``."""
+        return self.confident_weights if isinstance(correctness, str) and correctness == "confidence" else self.confirm
+
     def knows_tokens(self, positions: torch.Tensor) -> bool:
         """Whether any token at ``positions`` was recorded (none: the model ran on embeddings, or unseen)."""
         return bool((_read(self.tokens, positions) >= 0).any())
 
-    def weights(self, positions: torch.Tensor) -> tuple[torch.Tensor, list[int]] | None:
-        """The teacher-forced weight of each row at ``positions`` (batch, n_rows), and which rows' weights are
-        provisional (their indices): a row whose prediction or next token is not known yet counts as correct until
-        known. None when no token there was recorded."""
+    def weights(
+        self, positions: torch.Tensor, correctness: str = "teacher_forced"
+    ) -> tuple[torch.Tensor, list[int]] | None:
+        """The weight of each row at ``positions`` (batch, n_rows) under ``correctness`` (teacher-forced or
+        confidence), and which rows' weights are provisional (their indices): a row whose prediction (or, teacher
+        forced, next token) is not known yet counts as correct until known. None when no token there was recorded."""
         if not self.knows_tokens(positions):
             return None
-        correct, settled = self.confirm(positions)
+        correct, settled = self.confirmation(correctness)(positions)
         return torch.where(settled, correct, 1.0), torch.nonzero(~settled.all(0))[:, 0].tolist()
 
     @torch.no_grad()
-    def predict(self, model: PreTrainedModel | None, positions: torch.Tensor) -> None:
+    def predict(
+        self, model: PreTrainedModel | None, positions: torch.Tensor, correctness: str = "teacher_forced"
+    ) -> None:
         """The predictions of the rows at ``positions``, the forward in progress (inside another press's hooks,
         before its logits exist), from one extra run of that forward without its cache and with every hook
-        suspended."""
+        suspended; unless every weight of ``correctness`` there is settled already (teacher forced, the last
+        row's waits for the next token anyway)."""
         call = getattr(self, "_call", None)
         if model is None or call is None or call["input_ids"].shape[1] != positions.shape[1]:
             return
-        if bool(self.confirm(positions[:, :-1])[1].all()):
+        rows = positions if correctness == "confidence" else positions[:, :-1]
+        if bool(self.confirmation(correctness)(rows)[1].all()):
             return
         with hooks_suspended(model):
             hidden = language_model(model)(**call, use_cache=False)[0][:, -positions.shape[1] :]
-        self.predictions = _write(self.predictions, positions, top1_predictions(model.get_output_embeddings(), hidden))
+        self._write_predictions(model.get_output_embeddings(), positions, hidden)
 
 
 def _write(table: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -242,21 +298,21 @@ def _write(table: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -
     positions (padding, under position ids counted from each sequence's first token) are skipped. The table stays on
     the device of the positions (the ids'; under a device map the predictions come from another device)."""
     batch, size = positions.shape[0], int(positions.max()) + 1
-    values = values.to(positions.device)
+    values = values.to(positions.device, table.dtype)
     if table.shape[0] != batch or table.shape[1] < size or table.device != positions.device:
-        grown = torch.full((batch, max(size, table.shape[1])), -1, dtype=torch.long, device=positions.device)
+        grown = torch.full((batch, max(size, table.shape[1])), -1, dtype=table.dtype, device=positions.device)
         if table.shape[0] == batch:
             grown[:, : table.shape[1]] = table.to(positions.device)
         table = grown
     spill = torch.cat([table, table.new_full((batch, 1), -1)], dim=1)
-    spill.scatter_(1, torch.where(positions >= 0, positions, table.shape[1]), values.long())
+    spill.scatter_(1, torch.where(positions >= 0, positions, table.shape[1]), values)
     return spill[:, :-1].contiguous()
 
 
 def _read(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """``table`` at ``positions`` (batch, k), on the positions' device; -1 beyond what was written."""
     if table.shape[0] != positions.shape[0] or table.shape[1] == 0:
-        return torch.full_like(positions, -1)
+        return torch.full(positions.shape, -1, dtype=table.dtype, device=positions.device)
     table = table.to(positions.device)
     inside = (positions >= 0) & (positions < table.shape[1])
     return torch.where(inside, table.gather(1, positions.clamp(0, table.shape[1] - 1)), -1)

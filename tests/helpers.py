@@ -59,6 +59,24 @@ def tiny_model(
 
 
 @torch.no_grad()
+def confident_model(
+    arch: str, attn_implementation: str, sharpness: float = 20.0, **settings: object
+) -> PreTrainedModel:
+    """``tiny_model`` with its output head scaled by ``sharpness``: peaked logits, whose top-1 probabilities spread
+    over about (0.1, 0.9) where a random head's stay near 1 / vocabulary. The attention is the tiny model's."""
+    model = tiny_model(arch, attn_implementation, **settings)
+    model.get_output_embeddings().weight.mul_(sharpness)
+    return model
+
+
+@torch.no_grad()
+def confidence_weights(model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
+    """The probability of the top-1 prediction at every row, the max of the softmax of a plain forward's logits
+    in float32: (batch, length)."""
+    return model(input_ids=input_ids).logits.float().softmax(-1).amax(-1)
+
+
+@torch.no_grad()
 def prefill(model: PreTrainedModel, input_ids: torch.Tensor, press: BasePress | None = None) -> DynamicCache:
     """Run the decoder stack over ``input_ids`` (as KVPress's pipeline does), under ``press`` if given."""
     cache = DynamicCache()

@@ -55,8 +55,19 @@ from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
 from evaluation.engine.history import History
 from evaluation.engine.hooks import mask_of
 from evaluation.press_needs import OWN_PREFILL, SHARED, needs
+from evaluation.press_specs import make_press
 from presses import RecentWindowPress, RMMPress, TOVAPress
-from tests.helpers import positions_of, prefill, tiny_model
+from presses.column_sums import ColumnSums
+from tests.helpers import (
+    confidence_weights,
+    confident_model,
+    history_kept,
+    kept_positions,
+    positions_of,
+    prefill,
+    same_sets,
+    tiny_model,
+)
 
 
 class OfflineDuoAttention(DuoAttentionPress):
@@ -148,6 +159,8 @@ def wrappers_and_ours() -> list:
             RMMPress(ratio),
             RMMPress(ratio, lag=4),
             RMMPress(ratio, lag=4, correctness="uniform"),
+            RMMPress(ratio, correctness="confidence"),
+            RMMPress(ratio, lag=4, correctness="confidence"),
             AdaKVPress(RMMPress(ratio, lag=4)),
             CriticalKVPress(RMMPress(ratio)),
             KeyRerotationPress(TOVAPress(ratio)),
@@ -243,3 +256,34 @@ def test_the_engine_keeps_only_the_rows_its_presses_read(model):
     assert [inputs.shape[1] for inputs in history.inputs] == [8, 8], "SnapKV's window, the most any reads"
     assert all(inputs.storage_offset() == 0 and inputs.is_contiguous() for inputs in history.inputs)
     assert not history.can_serve(ExpectedAttentionPress(0.5)), "it reads every row"
+
+
+@pytest.mark.parametrize("lag", [None, 4])
+def test_confidence_and_teacher_forced_sums_in_one_history_over_two_turns_keep_what_fresh_prefills_keep(arch, lag):
+    """One history serves RMM under both modes: each statistic weighs the rows by its own mode, the confidence
+    sums by the top-1 probabilities of a plain forward over the whole history (none of them pending), and after
+    each turn each press keeps, in every layer and KV head, what a prefill of the whole history under it keeps."""
+    model = confident_model(arch, "sdpa", head_dim=16)
+    presses = [RMMPress(0.5, lag=lag, correctness="confidence"), RMMPress(0.5, lag=lag)]
+    history = History(model, frozenset({"context"}), presses)
+    for turn in (IDS[:, :60], IDS[:, 60:]):
+        history.extend(turn[0].tolist(), "context")
+        ids = torch.tensor([history.token_ids])
+        expected = confidence_weights(model, ids)[0]
+        torch.testing.assert_close(torch.tensor(history.weights["confidence"]), expected, rtol=1e-5, atol=1e-6)
+        assert set(history.pending) <= {presses[1].statistic}, "a confidence weight waits for no later token"
+        kept = {}
+        for press in presses:
+            kept[press.correctness] = history_kept(history, press)
+            assert same_sets(kept[press.correctness], kept_positions(model, ids, press)), press.correctness
+        assert not same_sets(kept["confidence"], kept["teacher_forced"])
+
+
+def test_a_confidence_spec_is_served_on_the_shared_path():
+    press = make_press('rmm(correctness="confidence")', 0.5)
+    assert press == RMMPress(0.5, correctness="confidence")
+    need = needs(press)
+    assert need.path == SHARED and need.sums == {ColumnSums(None, "confidence")} and need.rows == 0
+    model = tiny_model("llama", "sdpa")
+    assert History(model, frozenset({"context"}), [press]).can_serve(press)
+    assert not History(model, frozenset({"context"}), [RMMPress(0.5)]).can_serve(press), "a statistic of its own"

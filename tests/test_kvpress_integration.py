@@ -33,7 +33,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from presses import RMMPress, TOVAPress
-from tests.helpers import byte_tokenizer, tiny_model
+from tests.helpers import byte_tokenizer, confidence_weights, tiny_model
 
 CONTEXT = "The lighthouse keeper counted ships every night and wrote their names in a blue ledger. " * 3
 QUESTIONS = ["Who counted ships?", "Where were the names written?", "When did he count?"]
@@ -156,7 +156,7 @@ def test_inside_decoding_press(generator, name):
     assert decode_steps == [48, 49, 48, 49], "compressed to the target every second step"
 
 
-@pytest.mark.parametrize("correctness", ["teacher_forced", "uniform"])
+@pytest.mark.parametrize("correctness", ["teacher_forced", "confidence", "uniform"])
 def test_one_rmm_press_for_the_prefill_and_the_decoding_of_the_pipeline(generator, correctness):
     # kvpress's pipeline enters the press once to prefill and again to decode the same cache: the smoother of
     # the prefill must carry on into decoding (a fresh one could not know the positions the prefill kept)
@@ -230,6 +230,7 @@ OURS = {
     "tova": lambda: TOVAPress(compression_ratio=0.5),
     "rmm": lambda: RMMPress(compression_ratio=0.5),
     "rmm-lag": lambda: RMMPress(compression_ratio=0.5, lag=4),
+    "rmm-confidence": lambda: RMMPress(compression_ratio=0.5, lag=4, correctness="confidence"),
 }
 WIDE = {"adakv", "critical_adakv", "dms"}  # a fake key every query ignores needs head_dim 64 (test_inside_adakv_press)
 
@@ -290,19 +291,25 @@ def teacher_forced_weights(model, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([(predicted[:-1] == ids[0, 1:]).float(), torch.ones(1)])
 
 
+@pytest.mark.parametrize("correctness", ["teacher_forced", "confidence"])
 @pytest.mark.parametrize("wrapper", ["composed", "key_rerotation", "critical", "chunk", "adakv", "merging"])
-def test_teacher_forced_weights_inside_wrappers_that_show_the_press_the_model(wrapper):
+def test_weights_from_predictions_inside_wrappers_that_show_the_press_the_model(wrapper, correctness):
     """Inside every prefill wrapper that passes ``post_init_from_model`` on, RMM keeps what it keeps with the
-    teacher-forced weights of the context supplied from a plain forward (its last row: 1, its next token unknown)."""
+    weights of the context supplied from a plain forward: teacher-forced (its last row: 1, its next token unknown)
+    or the top-1 probabilities (of a head scaled so that they spread)."""
     generator = make_generator("llama", hidden_size=256 if wrapper in WIDE else 64)
     context = generator.preprocess(CONTEXT, questions=QUESTIONS[:1], answer_prefix="", max_context_length=4096)
-    weights = teacher_forced_weights(generator.model, context["context_ids"])
-    assert 0 < weights.mean() < 1
-    forced = lengths_and_keys(generator, WRAPPERS[wrapper](RMMPress(compression_ratio=0.5, lag=4)))
-    supplied = lengths_and_keys(
-        generator, WRAPPERS[wrapper](RMMPress(compression_ratio=0.5, lag=4, correctness=weights))
-    )
-    assert all(torch.equal(a, b) for a, b in zip(forced, supplied, strict=True))
+    if correctness == "confidence":
+        with torch.no_grad():
+            generator.model.get_output_embeddings().weight.mul_(20.0)
+        weights = confidence_weights(generator.model, context["context_ids"])[0]
+        assert weights.min() < 0.5 < weights.max() < 1
+    else:
+        weights = teacher_forced_weights(generator.model, context["context_ids"])
+        assert 0 < weights.mean() < 1
+    ours = lengths_and_keys(generator, WRAPPERS[wrapper](RMMPress(0.5, lag=4, correctness=correctness)))
+    supplied = lengths_and_keys(generator, WRAPPERS[wrapper](RMMPress(0.5, lag=4, correctness=weights)))
+    assert all(torch.equal(a, b) for a, b in zip(ours, supplied, strict=True))
 
 
 def lengths_and_keys(generator, press) -> list[torch.Tensor]:
@@ -321,7 +328,7 @@ def lengths_and_keys(generator, press) -> list[torch.Tensor]:
     return keys
 
 
-@pytest.mark.parametrize("correctness", ["teacher_forced", "uniform"])
+@pytest.mark.parametrize("correctness", ["teacher_forced", "confidence", "uniform"])
 def test_inside_decoding_press_alone_rmm_observes_the_prefill_it_never_saw(generator, correctness):
     """KVPress's pipeline prefills outside a ``DecodingPress``: RMM replays that prefix (its token ids read back
     from the cache) and keeps what it keeps when it watched the prefill itself (as ``PrefillDecodingPress``'s

@@ -11,7 +11,16 @@ from evaluation.engine.history import History
 from evaluation.generation import decode
 from evaluation.press_specs import DEFAULT_PRESSES, make_press
 from presses.prefix import forward_capturing
-from tests.helpers import history_kept, implementation, kept_positions, prefill, tiny_model
+from tests.helpers import (
+    confidence_weights,
+    confident_model,
+    history_kept,
+    implementation,
+    kept_positions,
+    prefill,
+    same_sets,
+    tiny_model,
+)
 
 TURNS = [("question", 9), ("answer", 5), ("question", 7), ("answer", 6), ("question", 8), ("answer", 4)]
 
@@ -41,7 +50,7 @@ def test_incremental_kept_sets_and_answers_equal_a_naive_re_prefill(arch, name):
         press = make_press(name, ratio)
         if name.startswith("rmm"):
             weights = naive_weights(model, ids, kinds)
-            assert history.weights == weights.tolist()
+            assert history.weights["teacher_forced"] == weights.tolist()
             naive_press = make_press(name, ratio)
             naive_press.correctness = weights.unsqueeze(0)
         else:
@@ -83,7 +92,7 @@ def test_every_row_teacher_forced_including_rows_at_chunk_boundaries():
     with torch.no_grad():
         predicted = model(input_ids=ids).logits.argmax(-1)[0]
     expected = torch.cat([(predicted[:-1] == ids[0, 1:]).float(), torch.ones(1)])
-    assert history.weights == expected.tolist()
+    assert history.weights["teacher_forced"] == expected.tolist()
     assert 0 < expected.mean() < 1
     ratio = Budget("tokens", 40).compression_ratio(history.length)
     naive_press = make_press("rmm", ratio)
@@ -91,6 +100,31 @@ def test_every_row_teacher_forced_including_rows_at_chunk_boundaries():
     kept = history_kept(history, make_press("rmm", ratio))
     for ours, theirs in zip(kept, kept_positions(model, ids, naive_press), strict=True):
         assert torch.equal(ours.sort(-1).values, theirs.sort(-1).values)
+
+
+def test_confidence_weighs_the_teacher_forced_kinds_beside_teacher_forcing_in_one_history():
+    """Answers weighted: the confidence sums weigh each answer row by its top-1 probability in one full forward
+    and every other row 1, while the teacher-forced sums of the same history keep their own weights; each press
+    keeps what a re-prefill with its weights supplied keeps."""
+    model = confident_model("qwen2", "sdpa")
+    names = ["rmm(lag=8,correctness='confidence')", "rmm(lag=8)"]
+    history = History(model, teacher_forced_kinds=frozenset({"answer"}), presses=[make_press(n, 0.5) for n in names])
+    generator = torch.Generator().manual_seed(17)
+    kinds: list[str] = []
+    for kind, size in [("conversation", 70), *TURNS]:
+        history.extend(torch.randint(3, 256, (size,), generator=generator).tolist(), kind)
+        kinds += [kind] * size
+    ids = torch.tensor([history.token_ids])
+    answers = torch.tensor([kind == "answer" for kind in kinds])
+    confident = torch.where(answers, confidence_weights(model, ids)[0], 1.0)
+    torch.testing.assert_close(torch.tensor(history.weights["confidence"]), confident, rtol=1e-5, atol=1e-6)
+    forced = naive_weights(model, ids, kinds)
+    assert history.weights["teacher_forced"] == forced.tolist()
+    ratio = Budget("tokens", 40).compression_ratio(history.length)
+    for name, weights in zip(names, (confident, forced), strict=True):
+        naive_press = make_press(name, ratio)
+        naive_press.correctness = weights.unsqueeze(0)
+        assert same_sets(history_kept(history, make_press(name, ratio)), kept_positions(model, ids, naive_press)), name
 
 
 def test_a_long_extend_runs_in_bounded_forwards_and_keeps_what_one_forward_keeps(monkeypatch):
@@ -113,7 +147,7 @@ def test_a_long_extend_runs_in_bounded_forwards_and_keeps_what_one_forward_keeps
     with torch.no_grad():
         predicted = model(input_ids=ids).logits.argmax(-1)[0]
     expected = torch.cat([(predicted[:-1] == ids[0, 1:]).float(), torch.ones(1)])
-    assert history.weights == expected.tolist()
+    assert history.weights["teacher_forced"] == expected.tolist()
     ratio = Budget("tokens", 40).compression_ratio(history.length)
     rmm = make_press("rmm", ratio)
     rmm.correctness = expected.unsqueeze(0)
@@ -145,7 +179,7 @@ def test_a_turn_in_one_forward_weighs_each_segment_by_its_kind(monkeypatch):
     kinds = [kind for ids, kind in segments for _ in ids]
     ids = torch.tensor([history.token_ids])
     weights = naive_weights(model, ids, kinds)
-    assert history.weights == weights.tolist()
+    assert history.weights["teacher_forced"] == weights.tolist()
     assert 0 < weights[torch.tensor([kind == "answer" for kind in kinds])].mean() < 1
     ratio = Budget("tokens", 40).compression_ratio(history.length)
     naive_press = make_press("rmm", ratio)

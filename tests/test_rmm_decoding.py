@@ -9,7 +9,7 @@ from kvpress import DecodingPress
 from transformers import DynamicCache
 
 from presses import RMMPress
-from tests.helpers import tiny_model
+from tests.helpers import confident_model, tiny_model
 
 CONTEXT, QUESTION, STEPS, LAG, TARGET = 40, 8, 64, 4, 24
 
@@ -18,8 +18,8 @@ def decode_under(model, press, forced: bool) -> dict:
     """Prefill a context without compression, then under ``press`` a teacher-forced question and 64 steps, each
     feeding the argmax (greedy) or, when ``forced``, every other step a token of a fixed random continuation.
 
-    Records, per forward: its positions, tokens and predictions, each layer's eager attention over the cache
-    (before compression), and the keys it appended (to read back which positions the press kept)."""
+    Records, per forward: its positions, tokens, predictions and their probabilities, each layer's eager attention
+    over the cache (before compression), and the keys it appended (to read back which positions the press kept)."""
     generator = torch.Generator().manual_seed(2)
     context = torch.randint(3, 256, (1, CONTEXT), generator=generator)
     question = torch.randint(3, 256, (1, QUESTION), generator=generator)
@@ -34,18 +34,22 @@ def decode_under(model, press, forced: bool) -> dict:
         if output[1] is not None:
             record["forwards"][-1]["attention"][module.layer_idx] = output[1][0]
 
+    def forward(ids: torch.Tensor, start: int) -> torch.Tensor:
+        positions = list(range(start, start + ids.shape[1]))
+        record["forwards"].append({"positions": positions, "tokens": ids[0].tolist(), "attention": {}})
+        logits = model(input_ids=ids, past_key_values=cache, position_ids=torch.tensor([positions])).logits
+        record["forwards"][-1]["predictions"] = logits[0].argmax(-1).tolist()
+        record["forwards"][-1]["confidences"] = logits[0].float().softmax(-1).amax(-1).tolist()
+        return logits
+
     hooks = [layer.self_attn.register_forward_hook(capture, with_kwargs=True) for layer in model.model.layers]
     cache = DynamicCache()
     with torch.no_grad():
-        record["forwards"].append({"positions": list(range(CONTEXT)), "tokens": context[0].tolist(), "attention": {}})
-        model.model(input_ids=context, past_key_values=cache, position_ids=torch.arange(CONTEXT)[None])
+        forward(context, 0)
         with press(model):
             ids, start = question, CONTEXT
             for step in range(STEPS + 1):
-                positions = list(range(start, start + ids.shape[1]))
-                record["forwards"].append({"positions": positions, "tokens": ids[0].tolist(), "attention": {}})
-                logits = model(input_ids=ids, past_key_values=cache, position_ids=torch.tensor([positions])).logits
-                record["forwards"][-1]["predictions"] = logits[0].argmax(-1).tolist()
+                logits = forward(ids, start)
                 forcing = forced and step < STEPS and step % 2 == 0
                 following = continuation[step] if forcing else logits[0, -1].argmax()
                 ids, start = following.view(1, 1), start + ids.shape[1]
@@ -72,28 +76,34 @@ def kept_by_press(record: dict) -> list[list[list[int]]]:
     return kept
 
 
-def reference_smoother(record: dict, interval: int, num_kv_heads: int = 2) -> list[list[list[int]]]:
+def reference_smoother(
+    record: dict, interval: int, num_kv_heads: int = 2, correctness: str = "teacher_forced"
+) -> list[list[list[int]]]:
     """Eq. 1 and the commit rule, step by step. Each row t adds w(t) a(t -> k) to every held k with
-    t_k < t <= t_k + H, where w(t) is 1 when the prediction at t is the token at t + 1. At every ``interval``-th
-    forward the buffered rows are scored: rows of earlier forwards with their weights; rows of the forward in
-    progress, whose predictions come only at its end, as correct until the next scoring settles them. A cache
-    over TARGET then keeps its H newest positions and the best TARGET - H others (a newcomer must outrank an
-    incumbent: ties keep the older)."""
+    t_k < t <= t_k + H, where w(t) is 1 when the prediction at t is the token at t + 1 (``confidence``: the
+    probability of the prediction at t, known with t's logits). At every ``interval``-th forward under the press
+    the buffered rows are scored: rows of earlier forwards with their weights (the context's too, prefilled
+    before the press, which replays them); rows of the forward in progress, whose predictions come only at its
+    end, as correct until the next scoring settles them. A cache over TARGET then keeps its H newest positions and
+    the best TARGET - H others (a newcomer must outrank an incumbent: ties keep the older)."""
     forwards = record["forwards"]
     tokens = [token for forward in forwards for token in forward["tokens"]]
-    predictions = {}
-    for forward in forwards[1:]:
+    predictions, confidences = {}, {}
+    for forward in forwards:
         predictions.update(zip(forward["positions"], forward["predictions"], strict=True))
+        confidences.update(zip(forward["positions"], forward["confidences"], strict=True))
 
     def weight(t: int) -> float:
+        if correctness == "confidence":
+            return confidences[t]
         return float(predictions[t] == tokens[t + 1]) if t + 1 < len(tokens) else 1.0
 
     kept = []
     for layer in range(2):
         heads = []
         for head in range(num_kv_heads):
-            held, utility, pending, buffered = list(range(CONTEXT)), dict.fromkeys(range(CONTEXT), 0.0), {}, []
-            for step, forward in enumerate(forwards[1:], start=1):
+            held, utility, pending, buffered = [], {}, {}, []
+            for step, forward in enumerate(forwards):
                 attention = forward["attention"][layer]  # (heads, q_len, cache length)
                 group = attention.view(num_kv_heads, -1, *attention.shape[1:])[head].mean(0).double()
                 for row, t in enumerate(forward["positions"]):
@@ -102,7 +112,7 @@ def reference_smoother(record: dict, interval: int, num_kv_heads: int = 2) -> li
                     buffered.append(
                         (t, {k: float(group[row, slot]) for slot, k in enumerate(held) if k < t <= k + LAG})
                     )
-                if step % interval:
+                if not step or step % interval:
                     continue
                 for t, contributions in pending.items():
                     for k, share in contributions.items():
@@ -131,8 +141,8 @@ def reference_smoother(record: dict, interval: int, num_kv_heads: int = 2) -> li
     return kept
 
 
-def press_for(interval: int) -> DecodingPress:
-    return DecodingPress(RMMPress(lag=LAG), compression_interval=interval, target_size=TARGET)
+def press_for(interval: int, correctness: str = "teacher_forced") -> DecodingPress:
+    return DecodingPress(RMMPress(lag=LAG, correctness=correctness), compression_interval=interval, target_size=TARGET)
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +159,16 @@ def test_the_smoother_follows_eq1_and_the_commit_rule_over_64_decoding_steps(gre
     right = sum(p == t for p, t in generated)
     assert right == len(generated) if not forced else 0 < right < len(generated)
     assert kept_by_press(record) == reference_smoother(record, interval)
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_confidence_weights_follow_eq1_and_the_commit_rule_over_64_decoding_steps(interval):
+    """w(t) the top-1 probability at t: a row of an earlier forward with its probability, the rows of the forward
+    in progress as 1 until the next compression settles them (its logits come only at its end)."""
+    record = decode_under(confident_model("llama", "eager"), press_for(interval, "confidence"), forced=True)
+    kept = kept_by_press(record)
+    assert kept == reference_smoother(record, interval, correctness="confidence")
+    assert kept != reference_smoother(record, interval), "the two modes keep different sets here"
 
 
 def test_an_early_high_utility_position_outlives_a_recency_window(greedy_run):

@@ -23,7 +23,16 @@ from transformers import DynamicCache
 
 from evaluation.budgets import Budget
 from presses import RMMPress, TOVAPress
-from tests.helpers import kept_positions, positions_of, prefill, same_sets, tiny_model
+from presses.teacher_forcing import top1_confidence, top1_predictions
+from tests.helpers import (
+    confidence_weights,
+    confident_model,
+    kept_positions,
+    positions_of,
+    prefill,
+    same_sets,
+    tiny_model,
+)
 
 STAND_IN = SimpleNamespace(layer_idx=0)
 
@@ -148,6 +157,48 @@ def test_correctness_weighting_changes_what_is_kept(eager_model, token_ids):
     weighted = kept_positions(eager_model, token_ids, RMMPress(compression_ratio=0.5))
     uniform = kept_positions(eager_model, token_ids, RMMPress(compression_ratio=0.5, correctness="uniform"))
     assert not same_sets(weighted, uniform)
+
+
+def test_top1_confidence_is_the_argmax_and_its_float32_softmax_probability_from_one_chunked_pass(token_ids):
+    model = confident_model("llama", "sdpa").to(torch.bfloat16)
+    with torch.no_grad():
+        hidden = model.model(input_ids=token_ids)[0]
+        logits = model.lm_head(hidden)
+    predicted, probabilities = top1_confidence(model.lm_head, hidden, chunk_size=7)
+    assert torch.equal(predicted, top1_predictions(model.lm_head, hidden)) and probabilities.dtype == torch.float32
+    torch.testing.assert_close(probabilities, logits.float().softmax(-1).amax(-1), rtol=1e-5, atol=1e-6)
+
+
+def smoother_scores(model, ids: torch.Tensor, press: RMMPress) -> list[torch.Tensor]:
+    """Per layer, the press's scores of every position after ``with press(model): model(ids)`` (ratio 0)."""
+    with torch.no_grad(), press(model):
+        model(input_ids=ids)
+    return [press._smoothers[layer].scores() for layer in range(len(model.model.layers))]
+
+
+@pytest.mark.parametrize("lag", [None, 4])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_confidence_weighs_each_row_by_the_top1_probability_of_a_plain_forward(arch, token_ids, lag, attn):
+    """w(t) is softmax(logits at t).max() in float32, the last row's too (no next token needed): the press's scores
+    and kept sets equal those of the same weights supplied per position, alone and inside ``ComposedPress``, and
+    differ from teacher forcing's and from 1 on the last row."""
+    model = confident_model(arch, attn)
+    weights = confidence_weights(model, token_ids)
+    assert 0.05 < weights.min() < 0.5 < weights.max() < 1, "peaked logits: the probabilities spread"
+    ours = smoother_scores(model, token_ids, RMMPress(lag=lag, correctness="confidence"))
+    supplied = smoother_scores(model, token_ids, RMMPress(lag=lag, correctness=weights))
+    for a, b in zip(ours, supplied, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    if lag is None:  # every row reaches every older position, the last row too
+        last_one = weights.clone()
+        last_one[0, -1] = 1.0
+        other = smoother_scores(model, token_ids, RMMPress(lag=lag, correctness=last_one))
+        assert not all(torch.allclose(a, b, rtol=1e-3) for a, b in zip(ours, other, strict=True))
+    kept = kept_positions(model, token_ids, RMMPress(0.5, lag=lag, correctness="confidence"), atol=1e-5)
+    assert same_sets(kept, kept_positions(model, token_ids, RMMPress(0.5, lag=lag, correctness=weights), atol=1e-5))
+    composed = ComposedPress([RMMPress(0.5, lag=lag, correctness="confidence")])
+    assert same_sets(kept, kept_positions(model, token_ids, composed, atol=1e-5))
+    assert not same_sets(kept, kept_positions(model, token_ids, RMMPress(0.5, lag=lag), atol=1e-5))
 
 
 def test_pre_pass_inside_another_press_gives_the_same_weights(sdpa_model, token_ids):
@@ -304,7 +355,11 @@ def test_teacher_forced_where_the_model_is_hidden_warns_and_keeps_what_uniform_w
         ({"correctness": [[[1.0]]]}, "shape"),
         ({"chunk_size": 0}, "chunk_size"),
         ({"fused_attention": "yes"}, "fused_attention must be True or False"),
-        ({"fused_attention": True}, "before teacher-forced weights exist"),
+        ({"fused_attention": True}, "before the weights of correctness='teacher_forced' exist"),
+        (
+            {"fused_attention": True, "correctness": "confidence"},
+            "before the weights of correctness='confidence' exist",
+        ),
         ({"compression_ratio": 1.0}, "compression_ratio"),
     ],
 )

@@ -26,7 +26,7 @@ from evaluation.press_needs import ALL, SHARED, combined, needs
 from presses.attention import attention_rows, group_mean, sliding_window
 from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
 from presses.prefix import forward_capturing
-from presses.teacher_forcing import language_model, top1_predictions
+from presses.teacher_forcing import FROM_PREDICTIONS, language_model, top1_confidence, top1_predictions
 
 EXTEND_CHUNK = 8192  # tokens per forward: a forward captures every layer's input for its tokens
 
@@ -42,8 +42,10 @@ def evicts_nothing(press: BasePress) -> bool:
 class History:
     """One conversation's uncompressed cache and what its served presses read, extended turn by turn.
 
-    Rows of the ``teacher_forced_kinds`` take their teacher-forced correctness as the weight of teacher-forced
-    column sums (RMM's); every other row weighs 1. ``presses``: the presses it will be asked to serve.
+    Rows of the ``teacher_forced_kinds`` weigh in a statistic by its correctness mode (RMM's): in teacher-forced
+    column sums by their teacher-forced correctness, in confidence sums by the probability of their top-1
+    prediction; every other row weighs 1. ``weights`` holds each served mode's weight of every row. ``presses``:
+    the presses it will be asked to serve.
     """
 
     def __init__(
@@ -62,7 +64,8 @@ class History:
         self.layers = language_model(model).layers
         self.cache = DynamicCache()
         self.token_ids: list[int] = []
-        self.weights: list[float] = []
+        modes = {statistic.correctness for statistic in self.statistics}
+        self.weights: dict[str, list[float]] = {mode: [] for mode in FROM_PREDICTIONS if mode in modes}
         self.inputs: list[torch.Tensor] = []  # per layer (batch, <= rows, hidden): the newest rows' layer input
         self.rotary: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, every row's (cos, sin)
         self.sums: dict[ColumnSums, list[torch.Tensor]] = {s: [] for s in self.statistics}  # (batch, heads, length)
@@ -70,7 +73,7 @@ class History:
         self.newest_logits: torch.Tensor | None = None  # (1, 1, vocab): the prediction after the newest token
         self._padded_input: torch.Tensor | None = None  # ``layer_input``'s buffer, zeros but for the newest rows
         self._newest_prediction: int | None = None
-        self._pending_is_forced = False  # whether the newest row's weight waits for the next token
+        self._pending_is_forced = False  # whether the newest row's teacher-forced weight waits for the next token
 
     @property
     def length(self) -> int:
@@ -107,16 +110,12 @@ class History:
         ids = torch.tensor([token_ids], device=model.device)
         hidden, captured = forward_capturing(model, ids, self.cache, start)
         lm_head = model.get_output_embeddings()
-        predicted = top1_predictions(lm_head, hidden)[0].tolist()
-        correct = [float(p == t) for p, t in zip(predicted[:-1], token_ids[1:], strict=True)] + [1.0]
-        new_weights = [c if forced else 1.0 for c, forced in zip(correct, teacher_forced, strict=True)]
-        if self._pending_is_forced:  # the previous newest row's next token is known now
-            self.weights[-1] = float(self._newest_prediction == token_ids[0])
+        new_weights = self._new_weights(lm_head, hidden, token_ids, teacher_forced)
         self.newest_logits = lm_head(hidden[:, -1:])
-        self._newest_prediction, self._pending_is_forced = predicted[-1], teacher_forced[-1]
         self._padded_input = None
         self.token_ids += token_ids
-        self.weights += new_weights
+        for mode, weights in new_weights.items():
+            self.weights[mode] += weights
         for index, layer in enumerate(self.layers):
             layer_input, (cos, sin) = captured[index]
             first = index == len(self.inputs)
@@ -134,9 +133,34 @@ class History:
             if self.statistics:
                 self._add_rows(index, layer.self_attn, layer_input, (cos, sin), start, new_weights)
 
-    def _add_rows(self, index, module, layer_input, rotary, start: int, new_weights: list[float]) -> None:
-        """Add the new rows' attention to every statistic's column sums at one layer: teacher-forced weights where
-        the statistic asks for them, the newest teacher-forced row's share held apart until its next token."""
+    def _new_weights(
+        self, lm_head: torch.nn.Module, hidden: torch.Tensor, token_ids: list[int], forced: list[bool]
+    ) -> dict[str, list[float]]:
+        """Each served mode's weights of the new rows, from one pass over the vocabulary for their top-1
+        predictions (and probabilities); the previous newest row's teacher-forced weight, now that its next token
+        is known, is settled. No mode served, no pass."""
+        if not self.weights:
+            return {}
+        if "confidence" in self.weights:
+            predicted, probabilities = top1_confidence(lm_head, hidden)
+        else:
+            predicted, probabilities = top1_predictions(lm_head, hidden), None
+        predicted = predicted[0].tolist()
+        new_weights = {}
+        if "teacher_forced" in self.weights:
+            correct = [float(p == t) for p, t in zip(predicted[:-1], token_ids[1:], strict=True)] + [1.0]
+            new_weights["teacher_forced"] = [c if f else 1.0 for c, f in zip(correct, forced, strict=True)]
+            if self._pending_is_forced:  # the previous newest row's next token is known now
+                self.weights["teacher_forced"][-1] = float(self._newest_prediction == token_ids[0])
+            self._newest_prediction, self._pending_is_forced = predicted[-1], forced[-1]
+        if probabilities is not None:  # known with the row's logits: nothing waits
+            confident = probabilities[0].tolist()
+            new_weights["confidence"] = [c if f else 1.0 for c, f in zip(confident, forced, strict=True)]
+        return new_weights
+
+    def _add_rows(self, index, module, layer_input, rotary, start: int, new_weights: dict[str, list[float]]) -> None:
+        """Add the new rows' attention to every statistic's column sums at one layer, weighted by the statistic's
+        correctness mode; the newest teacher-forced row's share held apart until its next token."""
         keys = self.cache.layers[index].keys
         zeros = keys.new_zeros(1, keys.shape[1], keys.shape[2] - start, dtype=torch.float32)
         for statistic, sums in self.sums.items():
@@ -145,18 +169,21 @@ class History:
             sums[index] = torch.cat([sums[index], zeros], dim=-1)
             held = self.pending.get(statistic, {}).pop(index, None)
             if held is not None:  # the previous newest row, now that its weight is known
-                sums[index][..., : held.shape[-1]] += held * self.weights[start - 1]
-        weights = torch.tensor([new_weights], device=keys.device)
+                sums[index][..., : held.shape[-1]] += held * self.weights[statistic.correctness][start - 1]
+        weights = {mode: torch.tensor([row_weights], device=keys.device) for mode, row_weights in new_weights.items()}
         if self._pending_is_forced:
-            weights[0, -1] = 0.0
+            weights["teacher_forced"][0, -1] = 0.0
         chunks = attention_rows(module, layer_input, keys, None, {"position_embeddings": rotary}).chunks
         for first, probs in chunks:
             probs = group_mean(probs, keys.shape[1])  # the sums are kept per KV head, as both presses rank
             rows = torch.arange(start + first, start + first + probs.shape[2], device=keys.device)
             for statistic, sums in self.sums.items():
-                uniform = statistic.correctness == "uniform"
-                add_column_sums(sums[index], probs, rows, statistic.lag, None if uniform else weights[:, rows - start])
-                if not uniform and self._pending_is_forced and start + first + probs.shape[2] == self.length:
+                weighted = weights.get(statistic.correctness)
+                add_column_sums(
+                    sums[index], probs, rows, statistic.lag, None if weighted is None else weighted[:, rows - start]
+                )
+                forced = statistic.correctness == "teacher_forced"
+                if forced and self._pending_is_forced and start + first + probs.shape[2] == self.length:
                     held = torch.zeros_like(sums[index])
                     add_column_sums(held, probs[:, :, -1:], rows[-1:], statistic.lag, None)
                     self.pending.setdefault(statistic, {})[index] = held
