@@ -52,7 +52,9 @@ eval-locomo-committed: setup
 # shared-context multi-query: 1k and 2k-token documents (where SmolLM2 still answers), then 4k, 8k and 16k (past
 # its 8k training length, hence the history limit above its context), and one 32k document.
 eval-reuse: setup
-	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --output results/reuse/smollm2-135m
+	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --output results/reuse/smollm2-135m \
+		--presses full snapkv h2o streaming_llm tova rmm "rmm(lag=16)" "rmm(lag=64)" "rmm(lag=128)" \
+		"rmm(correctness='confidence')" "rmm(lag=64,correctness='confidence')"
 
 eval-multiquery: setup
 	$(PY) -m evaluation multiquery --lengths 1024 2048 --episodes 8 --budgets 256 512 \

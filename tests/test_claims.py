@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from evaluation.statistics import paired
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 INTERVAL = re.compile(r"[+-]?\d+\.\d+%? \[[+-]?\d+\.\d+, [+-]?\d+\.\d+\]")
@@ -440,8 +442,78 @@ def readme_claims() -> list[str]:
     ]
 
 
+PROBE = "probe/smollm2-135m"
+DU, DU_CONFIDENCE = "demonstrated utility", "demonstrated utility (confidence)"
+CONFIDENT, CONFIDENT_64 = "rmm(correctness='confidence')", "rmm(lag=64,correctness='confidence')"
+
+
+def probe_rows(press: str, k: int) -> dict[int, dict]:
+    return {r["probe"]: r for r in rows(PROBE) if r["press"] == press and r["budget"] == f"top {k} of 16"}
+
+
+def gap(scores: dict, reference: dict) -> str:
+    """A paired difference of two presses' scores, in percentage points, as the documents write it."""
+    interval = paired(scores, reference, "gap", 10_000, 0).scaled(100)
+    return " ".join(
+        [number(interval.mean, 1, True), f"[{number(interval.low, 1, True)}, {number(interval.high, 1, True)}]"]
+    )
+
+
+def reuse_scores(press: str, budget: int) -> dict[tuple, float]:
+    """A press's scores on the reuse questions whose history exceeded the budget."""
+    return {
+        (r["conversation"], r["question_index"]): r["score"]
+        for r in rows(REUSE)
+        if r["press"] == press and r["budget"] == f"tokens={budget}" and r["history_tokens"] > budget
+    }
+
+
+def probe_claims() -> list[str]:
+    correct, k2, k4 = "answered correctly", "top 2 of 16", "top 4 of 16"
+    h2o = probe_rows("h2o", 2).values()
+    claims = [
+        wall(PROBE),
+        f"SmolLM2 answered {sum(r['correct'] for r in h2o)} of the {len(h2o)} probes correctly",
+        f"a median of {statistics.median(r['answer_tokens'] for r in h2o):.0f} answer tokens after a "
+        f"{statistics.median(r['prompt_tokens'] for r in h2o):.0f}-token prompt",
+        f"demonstrated utility minus h2o is {diff(PROBE, correct, k2, DU, 1)} at k=2 and "
+        f"{diff(PROBE, correct, k4, DU, 1)} at k=4",
+        f"Recency loses to h2o at k=4 ({diff(PROBE, correct, k4, 'recency', 1)}), tova at k=2 "
+        f"({diff(PROBE, correct, k2, 'tova', 1)}) and snapkv at k=4 ({diff(PROBE, correct, k4, 'snapkv', 1)})",
+    ]
+    for condition, ks in ((correct, (2, 4)), ("answered incorrectly", (4,))):
+        n = card(PROBE)[condition, k4, DU]["n"]
+        for k in ks:
+            cells = " | ".join(
+                mean(PROBE, condition, f"top {k} of 16", press, 1) for press in (DU, "h2o", "recency", "tova", "snapkv")
+            )
+            claims.append(f"| {condition} (n={n}) | {k} | {cells} |")
+    assert verdicts(PROBE, (DU,), condition=correct) == Counter({"tie": 2})
+    same = {
+        k: sum(probe_rows(DU, k)[p]["score"] == r["score"] for p, r in probe_rows(DU_CONFIDENCE, k).items())
+        for k in (2, 4)
+    }
+    overall = gap(*({p: r["score"] for p, r in probe_rows(press, 4).items()} for press in (DU_CONFIDENCE, DU)))
+    claims.append(f"on {same[4]} of the 400 probes at k=4 and on all {same[2]} at k=2 ({overall} overall at")
+    b256, b512 = ([reuse_scores(press, budget) for press in (CONFIDENT, "rmm")] for budget in (256, 512))
+    claims += [
+        f"`rmm(correctness='confidence')` minus `rmm` is {gap(*b256)} at 256 tokens (the same score on "
+        f"{sum(b256[0][q] == b256[1][q] for q in b256[0])} of {len(b256[0])} questions) and {gap(*b512)} at 512 "
+        f"({sum(b512[0][q] == b512[1][q] for q in b512[0])} of {len(b512[0])})",
+    ]
+    for budget in (256, 512):
+        lagged, reference = reuse_scores(CONFIDENT_64, budget), reuse_scores("rmm(lag=64)", budget)
+        assert lagged == reference, "at lag 64 the two give the same score on every question"
+    return claims
+
+
 DOCUMENTS = {
-    "results/README.md": longbench_claims() + locomo_claims() + reuse_claims() + multiquery_claims() + lab_claims(),
+    "results/README.md": longbench_claims()
+    + locomo_claims()
+    + reuse_claims()
+    + multiquery_claims()
+    + lab_claims()
+    + probe_claims(),
     "README.md": readme_claims(),
 }
 
