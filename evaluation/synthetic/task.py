@@ -20,7 +20,7 @@ from evaluation.press_specs import DEFAULT_PRESSES, parse_spec
 from evaluation.streaming.config import StreamConfig
 from evaluation.streaming.episodes import Conversation, Question, Session
 from evaluation.streaming.task import StreamTask, register
-from evaluation.synthetic import multiquery, reuse
+from evaluation.synthetic import memory, multiquery, reuse
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -237,4 +237,75 @@ MULTIQUERY = StreamTask(
     },
 )
 
-SYNTHETIC_TASKS = {task.name: register(task) for task in (REUSE, MULTIQUERY)}
+
+def add_memory_options(parser: argparse.ArgumentParser) -> None:
+    add_generator_options(parser)
+    parser.add_argument(
+        "--budget-facts", type=whole(1), default=20, help="K: the memory's budget in facts (default 20)"
+    )
+    parser.add_argument(
+        "--multiples",
+        nargs="+",
+        type=whole(1),
+        default=[2, 5, 10],
+        help="re-query when the stream has stated these multiples of K facts (default 2 5 10)",
+    )
+    parser.add_argument("--reuse-every", type=whole(2), default=10, help="one fact in this many is used (default 10)")
+    parser.add_argument(
+        "--queries", type=whole(1), default=3, help="used and never-used facts re-queried at each point (default 3)"
+    )
+
+
+def memory_settings(args: argparse.Namespace) -> dict:
+    generator = {"seed": args.seed, "episodes": args.episodes, "budget_facts": args.budget_facts}
+    return streamed(
+        {**generator, "multiples": args.multiples, "reuse_every": args.reuse_every, "queries": args.queries}
+    )
+
+
+def memory_conditions(row: dict) -> list[str]:
+    return [OVERALL, row["kind"], f"{row['kind']}, {row['multiple']}x the budget"]
+
+
+MEMORY = StreamTask(
+    name="memory",
+    help="the bounded-memory probe (section 7): facts stream past the budget, a few used, re-queried later",
+    description="Generate (from --seed) streams of one-line lock codes, --budget-facts x the largest of "
+    "--multiples in all; one fact in --reuse-every is used right after its session (its question and gold answer "
+    "join the history, unscored), the rest never recur. At each multiple of the budget, used and never-used facts "
+    "are re-queried. Each row also records the share of (layer, KV head) slots whose cache holds a copy of the "
+    "code.",
+    load=lambda config: generated(config, memory.memory_episodes),
+    header=lambda conversation: DOCUMENT_HEADER,
+    render_session=render_document,
+    question_prompt=lambda conversation, question: question.question,
+    gold_answer=sentence_answer,
+    scored=scored,
+    benchmark=_benchmark(
+        "Bounded memory",
+        memory_conditions,
+        (OVERALL, *memory.KINDS, *(f"{k}, {m}x the budget" for k in memory.KINDS for m in (2, 5, 10))),
+    ),
+    metric="Accuracy (%, string match of the code; `answer held`: share of layer x KV head slots holding every "
+    "token of a copy of the code)",
+    add_options=add_memory_options,
+    settings=memory_settings,
+    presses=(
+        *DEFAULT_PRESSES,
+        "rmm(lag=32)",
+        "rmm(lag=128)",
+        "rmm(correctness='confidence')",
+        "rmm(lag=128,correctness='confidence')",
+    ),
+    budgets=(256,),
+    max_new_tokens=16,
+    row_fields=lambda conversation, question, tokenizer: {
+        "family": "memory",
+        "kind": question.kind,
+        "multiple": question.pair,
+    },
+    told=lambda question: question.kind == "use",
+    retention=True,
+)
+
+SYNTHETIC_TASKS = {task.name: register(task) for task in (REUSE, MULTIQUERY, MEMORY)}

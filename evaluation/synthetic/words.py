@@ -27,6 +27,8 @@ NAMES = (
     "Jon",
 )
 THINGS = ("locker", "bike lock", "safe", "garage", "mailbox", "suitcase", "storage unit")
+# the bounded-memory probe needs more distinct locks than the reuse family (24 x 17 = 408)
+STORAGE = (*THINGS, "desk", "cabinet", "gym bag", "toolbox", "shed", "gate", "car", "phone", "laptop", "diary")
 CHAT = (
     "How was your weekend?",
     "It was fine, I went hiking by the lake.",
