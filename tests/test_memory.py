@@ -13,7 +13,7 @@ from kvpress import AdaKVPress, KnormPress, StreamingLLMPress
 from evaluation.cli import main
 from evaluation.engine.history import History
 from evaluation.engine.retention import answer_spans, kept_positions, retention
-from evaluation.synthetic.memory import memory_episodes
+from evaluation.synthetic.memory import memory_episodes, older_than_the_budget
 from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
 
 IDS = torch.randint(3, 256, (1, 80), generator=torch.Generator().manual_seed(2))[0].tolist()
@@ -39,6 +39,9 @@ def test_the_generator_is_deterministic_and_every_answer_is_stated_once_before_i
             if question.kind != "use":
                 assert (question.question in uses) == (question.kind == "reused")
                 assert question.evidence[-1] == f"D{question.pair * 20 // 5}:5"  # asked when the stream reaches it
+                session, line = map(int, question.evidence[0][1:].split(":"))
+                stated_after = question.pair * 20 - ((session - 1) * 5 + line)
+                assert older_than_the_budget(episode, question) == (stated_after >= 20)
         asked = [q.question for q in episode.questions if q.kind != "use"]
         assert len(asked) == len(set(asked)), "no fact is re-queried twice"
 

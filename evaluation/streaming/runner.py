@@ -469,11 +469,12 @@ def write_stream_scorecard(
             measured = [{**row, "score": row["retention"]} for row in rows if row.get("retention") is not None]
             frame = pd.concat([frame, scores_frame(task.benchmark, measured, RETAINED)], ignore_index=True)
         order = task.benchmark.order
-        frame = frame.sort_values(
-            "condition",
-            key=lambda c: c.map(lambda name: order.index(name) if name in order else len(order)),
-            kind="stable",
-        )
+
+        def rank(name: str) -> int:
+            plain = name.removeprefix(RETAINED)
+            return (plain != name) * (len(order) + 1) + (order.index(plain) if plain in order else len(order))
+
+        frame = frame.sort_values("condition", key=lambda c: c.map(rank), kind="stable")
         note = (
             f"{task.metric}, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean "
             f"[95% bootstrap interval over questions] (n){task.caveat}."

@@ -6,6 +6,8 @@ states it: the question about it and its gold answer join the history (kind ``us
 reminder the paper's reused facts carry. The rest never recur. When the stream has stated ``m x budget_facts``
 facts, for each ``m`` of ``multiples``, up to ``queries`` used facts (kind ``reused``) and as many never-used
 ones (kind ``never reused``), none asked before, are re-queried. ``pair`` records the trajectory multiple.
+A re-queried fact stated more than K facts before its query lies beyond any K-fact recency window
+(:func:`older_than_the_budget`): the paper's re-query, at which recency answers 0.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from evaluation.synthetic.words import NAMES, STORAGE
 
 SPEAKERS = ("Sam", "Alex")
 KINDS = ("reused", "never reused")
+OLDER = "stated over K facts before"
 
 
 def memory_episodes(
@@ -102,3 +105,11 @@ def _episode(
 def _question(index: int, fact: tuple[str, str, str], evidence: list[str], kind: str, multiple: int = 0) -> Question:
     name, thing, code = fact
     return Question(index, f"What is the code of {name}'s {thing}?", code, evidence, 0, None, kind, multiple)
+
+
+def older_than_the_budget(conversation: Conversation, question: Question) -> bool:
+    """Whether at least K facts were stated after the re-queried fact, K read back from the question itself:
+    its query point (``evidence[-1]``) is the ``pair`` x K-th fact."""
+    turns = [turn.dia_id for session in conversation.sessions for turn in session.turns]
+    fact, query = (turns.index(evidence) for evidence in question.evidence)
+    return query - fact >= (query + 1) // question.pair

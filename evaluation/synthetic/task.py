@@ -264,7 +264,8 @@ def memory_settings(args: argparse.Namespace) -> dict:
 
 
 def memory_conditions(row: dict) -> list[str]:
-    return [OVERALL, row["kind"], f"{row['kind']}, {row['multiple']}x the budget"]
+    older = [f"{row['kind']}, {memory.OLDER}"] if row["older"] else []
+    return [OVERALL, row["kind"], *older, f"{row['kind']}, {row['multiple']}x the budget"]
 
 
 MEMORY = StreamTask(
@@ -284,7 +285,11 @@ MEMORY = StreamTask(
     benchmark=_benchmark(
         "Bounded memory",
         memory_conditions,
-        (OVERALL, *memory.KINDS, *(f"{k}, {m}x the budget" for k in memory.KINDS for m in (2, 5, 10))),
+        (
+            OVERALL,
+            *(c for k in memory.KINDS for c in (k, f"{k}, {memory.OLDER}")),
+            *(f"{k}, {m}x the budget" for k in memory.KINDS for m in (2, 5, 10)),
+        ),
     ),
     metric="Accuracy (%, string match of the code; `answer held`: share of layer x KV head slots holding every "
     "token of a copy of the code)",
@@ -303,6 +308,7 @@ MEMORY = StreamTask(
         "family": "memory",
         "kind": question.kind,
         "multiple": question.pair,
+        "older": memory.older_than_the_budget(conversation, question),
     },
     told=lambda question: question.kind == "use",
     retention=True,
