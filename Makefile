@@ -74,6 +74,9 @@ eval-probe: setup
 
 eval-memory: setup
 	$(PY) -m evaluation memory --episodes 10 --output results/memory/smollm2-135m
+	$(PY) -m evaluation memory --episodes 10 --rmm-weights all --presses full h2o streaming_llm rmm "rmm(lag=32)" \
+		"rmm(lag=128)" "rmm(correctness='confidence')" "rmm(lag=128,correctness='confidence')" \
+		--output results/memory/smollm2-135m-all-rows
 
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
 scorecard: setup

@@ -445,6 +445,8 @@ def readme_claims() -> list[str]:
 PROBE = "probe/smollm2-135m"
 DU, DU_CONFIDENCE = "demonstrated utility", "demonstrated utility (confidence)"
 CONFIDENT, CONFIDENT_64 = "rmm(correctness='confidence')", "rmm(lag=64,correctness='confidence')"
+CONFIDENT_128 = "rmm(lag=128,correctness='confidence')"
+MEMORY_RMMS = ("rmm", "rmm(lag=32)", "rmm(lag=128)", CONFIDENT, CONFIDENT_128)
 
 
 def probe_rows(press: str, k: int) -> dict[int, dict]:
@@ -507,13 +509,49 @@ def probe_claims() -> list[str]:
     return claims
 
 
+MEMORY, MEMORY_ALL = "memory/smollm2-135m", "memory/smollm2-135m-all-rows"
+OLD, HELD = "stated over K facts before", "answer held (%), "
+MEMORY_PRESSES = ("full", "h2o", "snapkv", "streaming_llm", "tova", *MEMORY_RMMS)
+
+
+def memory_table(run: str, presses: tuple[str, ...]) -> list[str]:
+    """The results README's table of a memory run: per press, the re-queries of facts stated over K facts before
+    (answered, answer held) and every re-query of a used fact (answered, answer held)."""
+    conditions = (f"reused, {OLD}", f"{HELD}reused, {OLD}", f"never reused, {OLD}", "reused", f"{HELD}reused")
+    return [
+        f"| {p} | " + " | ".join(mean(run, c, "full" if p == "full" else "256 tokens", p, 1) for c in conditions) + " |"
+        for p in presses
+    ]
+
+
+def memory_scores(run: str, press: str) -> dict[tuple, float]:
+    return {(r["conversation"], r["question_index"]): r["score"] for r in rows(run) if r["press"] == press}
+
+
+def memory_claims() -> list[str]:
+    claims = [wall(MEMORY), wall(MEMORY_ALL), *memory_table(MEMORY, MEMORY_PRESSES)]
+    claims += memory_table(MEMORY_ALL, ("full", "h2o", "streaming_llm", *MEMORY_RMMS))
+    n = {condition: card(MEMORY)[condition, "full", "full"]["n"] for condition in ("reused", f"reused, {OLD}")}
+    claims.append(f"{n['reused']} re-queries of a used fact, {n[f'reused, {OLD}']} of them stated over K facts")
+    claims.append(
+        f"h2o's {mean(MEMORY, f'{HELD}reused', '256 tokens', 'h2o', 1)} "
+        f"({diff(MEMORY, f'{HELD}reused', '256 tokens', 'rmm(lag=128)', 1)}, a win)"
+    )
+    assert verdict(MEMORY, f"{HELD}reused", "256 tokens", "rmm(lag=128)") == "win"
+    for run in (MEMORY, MEMORY_ALL):
+        for lagged, reference in ((CONFIDENT, "rmm"), (CONFIDENT_128, "rmm(lag=128)")):
+            claims.append(gap(memory_scores(run, lagged), memory_scores(run, reference)))
+    return claims
+
+
 DOCUMENTS = {
     "results/README.md": longbench_claims()
     + locomo_claims()
     + reuse_claims()
     + multiquery_claims()
     + lab_claims()
-    + probe_claims(),
+    + probe_claims()
+    + memory_claims(),
     "README.md": readme_claims(),
 }
 
