@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from kvpress import KnormPress
@@ -163,6 +164,16 @@ def byte_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
         chat_template=chat_template,
         model_max_length=4096,
     )
+
+
+def saved_chat_model(folder: Path, arch: str, context: int = 1024) -> Path:
+    """``folder`` holding a tiny random model (EOS id 2) and the byte-level chat tokenizer, saved like a hub
+    model for the command line (a token per character, so ``context`` bounds the history in characters)."""
+    model = tiny_model(arch, "sdpa", context=context)
+    model.generation_config.eos_token_id = 2
+    model.save_pretrained(folder)
+    byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
+    return folder
 
 
 NEAR_TIE = 1e-3  # the largest top-2 logit gap at which two numerically different paths may pick differently

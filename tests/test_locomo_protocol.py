@@ -12,7 +12,7 @@ from evaluation.locomo.data import parse_conversation
 from evaluation.locomo.render import choice_options, question_prompt, render_conversation, resolve_choice
 from evaluation.metrics.locomo import multi_hop_f1, normalize_answer, score, stemmed_f1
 from evaluation.streaming.episodes import Question
-from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
+from tests.helpers import saved_chat_model
 
 CONVERSATION = {
     "sample_id": "conv-test",
@@ -110,12 +110,7 @@ def test_rescoring_command(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-qwen2")
-    model = tiny_model("qwen2", "sdpa", context=4096)  # room for the byte-level history (a token per character)
-    model.generation_config.eos_token_id = 2
-    model.save_pretrained(folder)
-    byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
-    return folder
+    return saved_chat_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", context=4096)
 
 
 @pytest.fixture

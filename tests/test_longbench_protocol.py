@@ -14,7 +14,7 @@ from evaluation.cli import main
 from evaluation.json_data import load_json_rows
 from evaluation.longbench.data import Example, TaskConfig, load_task, parquet_rows, write_jsonl
 from evaluation.longbench.prompts import build_prompt
-from tests.helpers import CHAT_TEMPLATE, SHARED_DATA, byte_tokenizer, tiny_model
+from tests.helpers import CHAT_TEMPLATE, SHARED_DATA, byte_tokenizer, saved_chat_model
 
 PROMPTS = {
     "hotpotqa": "Read the passages.\n\n{context}\n\nQuestion: {input}\nAnswer:",
@@ -27,12 +27,7 @@ PRESSES = ["full", "snapkv", "h2o", "tova", "rmm"]
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """A tiny random Llama with a byte-level tokenizer that has a chat template, saved like a hub model."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    model = tiny_model("llama", "sdpa")
-    model.generation_config.eos_token_id = 2
-    model.save_pretrained(folder)
-    byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
-    return folder
+    return saved_chat_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
 
 
 def write_task(folder: Path, task: str, n: int, seed: int) -> None:

@@ -14,7 +14,7 @@ from evaluation.cli import main
 from evaluation.engine.history import History
 from evaluation.engine.retention import answer_spans, kept_positions, retention
 from evaluation.synthetic.memory import memory_episodes, older_than_the_budget
-from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
+from tests.helpers import saved_chat_model, tiny_model
 
 IDS = torch.randint(3, 256, (1, 80), generator=torch.Generator().manual_seed(2))[0].tolist()
 
@@ -81,12 +81,7 @@ def test_retention_is_the_share_of_slots_whose_kept_positions_hold_a_copy(arch):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    model = tiny_model("llama", "sdpa", context=8192)  # a token per character
-    model.generation_config.eos_token_id = 2
-    model.save_pretrained(folder)
-    byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
-    return folder
+    return saved_chat_model(tmp_path_factory.mktemp("tiny-llama"), "llama", context=8192)
 
 
 def test_a_memory_stream_tells_its_uses_scores_its_re_queries_and_records_what_each_cache_holds(model_dir, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from evaluation import backends
 from evaluation.cli import main
-from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
+from tests.helpers import saved_chat_model, tiny_model
 from tests.test_locomo_protocol import CONVERSATION
 from tests.test_longbench_protocol import write_task
 
@@ -32,12 +32,7 @@ def ray_instance():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-qwen2")
-    model = tiny_model("qwen2", "sdpa", context=4096)
-    model.generation_config.eos_token_id = 2
-    model.save_pretrained(folder)
-    byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
-    return folder
+    return saved_chat_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", context=4096)
 
 
 @pytest.fixture(scope="module")

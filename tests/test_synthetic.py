@@ -24,7 +24,7 @@ from evaluation.synthetic.task import (
     spec_lag,
     string_match,
 )
-from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
+from tests.helpers import byte_tokenizer, saved_chat_model
 
 
 def test_the_generators_are_deterministic_in_their_seed():
@@ -168,12 +168,7 @@ def test_the_history_records_each_gold_answer_as_a_sentence():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    model = tiny_model("llama", "sdpa", context=8192)  # a token per character
-    model.generation_config.eos_token_id = 2
-    model.save_pretrained(folder)
-    byte_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
-    return folder
+    return saved_chat_model(tmp_path_factory.mktemp("tiny-llama"), "llama", context=8192)
 
 
 def reuse_run(model_dir: Path, output: Path, *extra: str) -> int:
