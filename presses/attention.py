@@ -162,9 +162,10 @@ def probability_chunks(
             block = visible - (stop - start)  # only the chunk's own square block holds keys later than some row
             rows = torch.arange(stop - start, device=keys.device)
             logits[..., block:].masked_fill_(~causal_mask(rows, stop - start), float("-inf"))
+            yield start, nn.functional.softmax(logits, dim=-1)  # every row sees its own key
         else:
             logits.masked_fill_(~allowed[:, :, start:stop, :visible], float("-inf"))
-        yield start, nn.functional.softmax(logits, dim=-1).nan_to_num_(0.0)
+            yield start, nn.functional.softmax(logits, dim=-1).nan_to_num_(0.0)
 
 
 @dataclass(frozen=True)

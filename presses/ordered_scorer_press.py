@@ -11,22 +11,30 @@ from torch import nn
 
 
 def kept_indices(scores: torch.Tensor, n_kept: int, keep_older: bool = False) -> torch.Tensor:
-    """Indices of the ``n_kept`` highest scores along the last axis, in ascending order.
+    """Indices of the ``n_kept`` highest scores along the last axis, in ascending order (NaN counts as +inf).
 
-    Ties evict the lower position (a stable ascending sort puts the lower of two equal scores first, and the
-    first ``k_len - n_kept`` entries of that order are the evicted ones), or with ``keep_older`` the higher one
-    (a stable descending sort keeps the lower first).
+    Ties evict the lower position (the order of a stable ascending sort, whose first ``k_len - n_kept`` entries
+    are the evicted ones), or with ``keep_older`` the higher one (a stable descending sort keeps the lower
+    first). Decided without a sort or a wait for the device: every score above the ``n_kept``-th highest stays,
+    and of those equal to it as many as fit, from the end that ties keep.
     """
-    if keep_older:
-        return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :n_kept].sort(dim=-1).values
-    order = torch.sort(scores, dim=-1, stable=True).indices
-    return order[..., scores.shape[-1] - n_kept :].sort(dim=-1).values
+    scores = scores.nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
+    threshold = scores.topk(n_kept, dim=-1).values[..., -1:] if n_kept else scores.new_full((1,), float("inf"))
+    above, tied = scores > threshold, scores == threshold
+    room = n_kept - above.sum(-1, keepdim=True)
+    rank = tied.cumsum(-1) if keep_older else tied.flip(-1).cumsum(-1).flip(-1)
+    kept = above | (tied & (rank <= room))
+    slot = torch.where(kept, kept.cumsum(-1) - 1, n_kept)  # a kept position's place in the answer; n_kept: none
+    positions = torch.arange(scores.shape[-1], device=scores.device).expand_as(scores)
+    answer = torch.empty(*scores.shape[:-1], n_kept + 1, dtype=torch.long, device=scores.device)
+    return answer.scatter_(-1, slot, positions)[..., :n_kept]
 
 
 def gather_kept(keys: torch.Tensor, values: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The entries ``kept`` (batch, num_kv_heads, n_kept) of keys and values (batch, num_kv_heads, k_len, head_dim)."""
-    index = kept.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
-    return keys.gather(2, index).contiguous(), values.gather(2, index).contiguous()
+    batch, heads = (torch.arange(n, device=kept.device) for n in kept.shape[:2])
+    index = (batch[:, None, None], heads[None, :, None], kept)
+    return keys[index], values[index]
 
 
 def check_compression_ratio(compression_ratio: float) -> None:

@@ -249,6 +249,15 @@ def test_h2o_after_a_press_that_evicts_cannot_run_and_is_refused_before_any_work
         check_presses(["composed([knorm, h2o])"])
 
 
+def test_a_press_that_edits_keys_in_place_leaves_the_history_as_it_was(model):
+    history = History(model, frozenset({"context"}), [ThinKPress(key_channel_compression_ratio=0.5, window_size=2)])
+    history.extend(IDS[0].tolist(), "context")
+    before = [layer.keys.clone() for layer in history.cache.layers]
+    compressed = history.compress(ThinKPress(key_channel_compression_ratio=0.5, window_size=2))
+    assert all((layer.keys == 0).any() for layer in compressed.cache.layers), "ThinK zeroes key channels"
+    assert all(torch.equal(layer.keys, kept) for layer, kept in zip(history.cache.layers, before, strict=True))
+
+
 def test_the_engine_keeps_only_the_rows_its_presses_read(model):
     presses = [SnapKVPress(0.5, window_size=8), TOVAPress(0.5), ObservedAttentionPress(0.5), RMMPress(0.5, lag=4)]
     history = History(model, frozenset({"context"}), presses)

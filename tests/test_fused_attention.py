@@ -12,7 +12,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 import presses.rmm_press
 from presses import RMMPress
 from presses.column_sums import PROVIDED, ColumnSums, provided
-from presses.fused_attention import FUSED_SDPA, REQUEST, ColumnSumRequest, fused_sdpa
+from presses.fused_attention import FUSED_SDPA, REQUEST, ColumnSumRequest, RowsRequest, fused_sdpa
 from tests.helpers import kept_positions, prefill, same_sets, tiny_model
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
@@ -67,6 +67,24 @@ def test_output_equals_sdpa_and_sums_follow_the_definition(q_len, k_len, lag, we
     torch.testing.assert_close(output, expected, atol=1e-5, rtol=0)
     sums = provided(module, statistic, k_len)
     torch.testing.assert_close(sums, column_sums_by_definition(query, key, weights, lag), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("unpadded", [False, True])
+def test_kept_rows_are_the_attention_under_the_mask_per_kv_head(unpadded):
+    query, key, value = attention_inputs(20, 45)
+    module = attention_module()
+    request = RowsRequest(chunk_size=8, unpadded=unpadded)
+    setattr(module, REQUEST, request)
+    mask = torch.ones(20, 45, dtype=torch.bool).tril(25)[None, None]
+    output, _ = fused_sdpa(module, query, key, value, mask, scaling=HEAD_DIM**-0.5)
+    expected, _ = sdpa_attention_forward(attention_module(), query, key, value, mask, scaling=HEAD_DIM**-0.5)
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=0)
+    keys = key.repeat_interleave(HEADS // KV_HEADS, dim=1)
+    probs = ((query @ keys.transpose(2, 3)) * HEAD_DIM**-0.5).masked_fill(~mask, float("-inf")).softmax(-1)
+    rows = torch.zeros(1, KV_HEADS, 20, 45)
+    for first, chunk in request.chunks:
+        rows[:, :, first : first + chunk.shape[2], : chunk.shape[-1]] = chunk
+    torch.testing.assert_close(rows, probs.unflatten(1, (KV_HEADS, -1)).mean(2), atol=1e-6, rtol=0)
 
 
 def test_what_it_cannot_sum_goes_to_sdpa_and_records_nothing():

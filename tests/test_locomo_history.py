@@ -10,6 +10,7 @@ from evaluation.engine import history as history_module
 from evaluation.engine.history import History
 from evaluation.generation import decode
 from evaluation.press_specs import DEFAULT_PRESSES, make_press
+from presses.attention import attention_rows
 from presses.prefix import forward_capturing
 from tests.helpers import (
     confidence_weights,
@@ -159,14 +160,20 @@ def test_a_long_extend_runs_in_bounded_forwards_and_keeps_what_one_forward_keeps
 
 def test_a_turn_in_one_forward_weighs_each_segment_by_its_kind(monkeypatch):
     """``extend_segments``: a question and its answer in one forward; only the answer's rows are teacher-forced,
-    as in one full forward, and the kept sets equal a naive re-prefill's."""
-    forwards = []
+    as in one full forward, and the kept sets equal a naive re-prefill's. Each turn's attention rows come from
+    its own forward (``fused_rows``): only the first forward's are recomputed."""
+    forwards, recomputed = [], []
 
     def counted(model, ids, cache, start):
         forwards.append(ids.shape[1])
         return forward_capturing(model, ids, cache, start)
 
+    def recomputing(module, hidden_states, *args, **kwargs):
+        recomputed.append(hidden_states.shape[1])
+        return attention_rows(module, hidden_states, *args, **kwargs)
+
     monkeypatch.setattr(history_module, "forward_capturing", counted)
+    monkeypatch.setattr(history_module, "attention_rows", recomputing)
     generator = torch.Generator().manual_seed(13)
     model = tiny_model("llama", "sdpa")
     history = History(model, teacher_forced_kinds=frozenset({"answer"}), presses=[make_press("rmm", 0.5)])
@@ -176,6 +183,7 @@ def test_a_turn_in_one_forward_weighs_each_segment_by_its_kind(monkeypatch):
     for turn in range(1, len(segments), 2):
         history.extend_segments(segments[turn : turn + 2])
     assert forwards == [80, 14, 13, 12]
+    assert recomputed == [80] * len(model.model.layers)
     kinds = [kind for ids, kind in segments for _ in ids]
     ids = torch.tensor([history.token_ids])
     weights = naive_weights(model, ids, kinds)

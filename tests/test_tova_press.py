@@ -67,6 +67,19 @@ def test_ties_evict_the_lower_position():
     assert kept_keys.flatten().tolist() == [0.0, 4.0]
 
 
+@pytest.mark.parametrize("keep_older", [False, True])
+def test_kept_indices_are_the_stable_sort_rule_on_heavily_tied_scores(keep_older):
+    """Against Python's stable ``sorted`` per row: ties evict the lower position (``keep_older``: the higher)."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 4, (2, 3, 40), generator=generator).float()
+    scores[0, 1, 5], scores[1, 0, :6] = float("inf"), float("-inf")
+    rows = scores.view(6, 40).tolist()
+    ascending = [sorted(range(40), key=lambda k, row=row: (row[k], -k if keep_older else k)) for row in rows]
+    for n_kept in (0, 1, 9, 40):
+        kept = kept_indices(scores, n_kept, keep_older).view(6, n_kept).tolist()
+        assert kept == [sorted(order[40 - n_kept :]) for order in ascending]
+
+
 def fake_layer(num_heads: int = 1, num_kv_heads: int = 1) -> SimpleNamespace:
     return SimpleNamespace(
         config=SimpleNamespace(num_attention_heads=num_heads, num_key_value_heads=num_kv_heads), head_dim=1

@@ -6,7 +6,9 @@ every turn of a conversation (the streaming protocol). The history's cache is ex
 Alongside it, per layer, it keeps what the served presses' hooks read (``evaluation.press_needs``): the newest
 rows of the layer's input (all of them if any press reads every row), the rotary embeddings, and the column sums
 of attention that H2O and RMM read instead of the (length x length) weights, which new rows only add to (per KV
-head: both presses average them over each KV group's query heads).
+head: both presses average them over each KV group's query heads). A short extension of the cache (a turn) takes
+those rows from its own forward, which then runs ``fused_sdpa`` (equal to sdpa within float rounding), instead of
+a second pass over the keys.
 
 ``compress`` then runs a press's own forward hook on each layer's stored inputs (``engine.hooks``): the cache a
 prefill of the whole history under that press would leave, decided by the press's code.
@@ -15,6 +17,7 @@ prefill of the whole history under that press would leave, decided by the press'
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 
 import torch
 from kvpress.presses.base_press import BasePress
@@ -23,12 +26,18 @@ from transformers import DynamicCache, PreTrainedModel
 
 from evaluation.engine.hooks import Compressed, cache_of, no_new_hooks, run_hook, run_score
 from evaluation.press_needs import ALL, SHARED, combined, needs
-from presses.attention import attention_rows, group_mean, sliding_window
+from presses.attention import DEFAULT_CHUNK_SIZE, attention_rows, group_mean, sliding_window
 from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
+from presses.fused_attention import fused_rows
 from presses.prefix import forward_capturing
 from presses.teacher_forcing import FROM_PREDICTIONS, language_model, top1_confidence, top1_predictions
 
 EXTEND_CHUNK = 8192  # tokens per forward: a forward captures every layer's input for its tokens
+# new rows x keys up to which an extension of a cache keeps its forward's attention rows (``fused_rows``: every
+# layer's until the forward ends, 4 bytes per KV head each, 180 MB at most on SmolLM2), so the column sums need no
+# second pass of the queries over the keys; a longer extension recomputes them a chunk at a time, and the first
+# forward (the prompt) runs sdpa, bit for bit the prefill a press's own pipeline runs
+KEPT_ROW_ELEMENTS = 1 << 19
 
 
 def evicts_nothing(press: BasePress) -> bool:
@@ -108,7 +117,10 @@ class History:
     def _extend(self, token_ids: list[int], teacher_forced: list[bool]) -> None:
         start, model = self.length, self.model
         ids = torch.tensor([token_ids], device=model.device)
-        hidden, captured = forward_capturing(model, ids, self.cache, start)
+        kept_rows = self.statistics and start and len(token_ids) * (start + len(token_ids)) <= KEPT_ROW_ELEMENTS
+        fused = fused_rows(model, self.layers, DEFAULT_CHUNK_SIZE, unpadded=True) if kept_rows else nullcontext()
+        with fused as requests:
+            hidden, captured = forward_capturing(model, ids, self.cache, start)
         lm_head = model.get_output_embeddings()
         new_weights = self._new_weights(lm_head, hidden, token_ids, teacher_forced)
         self.newest_logits = lm_head(hidden[:, -1:])
@@ -131,36 +143,56 @@ class History:
                 old_cos, old_sin = self.rotary[index]
                 self.rotary[index] = (torch.cat([old_cos, cos], dim=1), torch.cat([old_sin, sin], dim=1))
             if self.statistics:
-                self._add_rows(index, layer.self_attn, layer_input, (cos, sin), start, new_weights)
+                kept_chunks = requests[index].chunks if requests else None
+                self._add_rows(index, layer.self_attn, layer_input, (cos, sin), start, new_weights, kept_chunks or None)
+                if requests:
+                    requests[index].chunks.clear()
 
     def _new_weights(
         self, lm_head: torch.nn.Module, hidden: torch.Tensor, token_ids: list[int], forced: list[bool]
     ) -> dict[str, list[float]]:
-        """Each served mode's weights of the new rows, from one pass over the vocabulary for their top-1
-        predictions (and probabilities); the previous newest row's teacher-forced weight, now that its next token
-        is known, is settled. No mode served, no pass."""
+        """Each served mode's weights of the new rows, from one pass over the vocabulary for the top-1 predictions
+        (and probabilities) of the rows of a teacher-forced kind, the only rows whose weight they set; the previous
+        newest row's teacher-forced weight, now that its next token is known, is settled. No mode served, no pass."""
         if not self.weights:
             return {}
-        if "confidence" in self.weights:
-            predicted, probabilities = top1_confidence(lm_head, hidden)
-        else:
-            predicted, probabilities = top1_predictions(lm_head, hidden), None
-        predicted = predicted[0].tolist()
+        rows = [row for row, is_forced in enumerate(forced) if is_forced]
+        predicted, confident = {}, {}
+        if rows:
+            selected = hidden[:, torch.tensor(rows, device=hidden.device)]
+            if "confidence" in self.weights:
+                ids, probabilities = top1_confidence(lm_head, selected)
+                confident = dict(zip(rows, probabilities[0].tolist(), strict=True))
+            else:
+                ids = top1_predictions(lm_head, selected)
+            predicted = dict(zip(rows, ids[0].tolist(), strict=True))
         new_weights = {}
         if "teacher_forced" in self.weights:
-            correct = [float(p == t) for p, t in zip(predicted[:-1], token_ids[1:], strict=True)] + [1.0]
-            new_weights["teacher_forced"] = [c if f else 1.0 for c, f in zip(correct, forced, strict=True)]
+            next_ids = token_ids[1:]
+            new_weights["teacher_forced"] = [
+                float(predicted[row] == next_ids[row]) if row in predicted and row < len(next_ids) else 1.0
+                for row in range(len(token_ids))
+            ]
             if self._pending_is_forced:  # the previous newest row's next token is known now
                 self.weights["teacher_forced"][-1] = float(self._newest_prediction == token_ids[0])
-            self._newest_prediction, self._pending_is_forced = predicted[-1], forced[-1]
-        if probabilities is not None:  # known with the row's logits: nothing waits
-            confident = probabilities[0].tolist()
-            new_weights["confidence"] = [c if f else 1.0 for c, f in zip(confident, forced, strict=True)]
+            self._newest_prediction, self._pending_is_forced = predicted.get(len(token_ids) - 1), forced[-1]
+        if "confidence" in self.weights:  # known with the row's logits: nothing waits
+            new_weights["confidence"] = [confident.get(row, 1.0) for row in range(len(token_ids))]
         return new_weights
 
-    def _add_rows(self, index, module, layer_input, rotary, start: int, new_weights: dict[str, list[float]]) -> None:
-        """Add the new rows' attention to every statistic's column sums at one layer, weighted by the statistic's
-        correctness mode; the newest teacher-forced row's share held apart until its next token."""
+    def _add_rows(
+        self,
+        index: int,
+        module: torch.nn.Module,
+        layer_input: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        start: int,
+        new_weights: dict[str, list[float]],
+        kept: list[tuple[int, torch.Tensor]] | None,
+    ) -> None:
+        """Add the new rows' attention (``kept`` by the forward, per KV head, else recomputed) to every statistic's
+        column sums at one layer, weighted by the statistic's correctness mode; the newest teacher-forced row's
+        share held apart until its next token."""
         keys = self.cache.layers[index].keys
         zeros = keys.new_zeros(1, keys.shape[1], keys.shape[2] - start, dtype=torch.float32)
         for statistic, sums in self.sums.items():
@@ -173,9 +205,10 @@ class History:
         weights = {mode: torch.tensor([row_weights], device=keys.device) for mode, row_weights in new_weights.items()}
         if self._pending_is_forced:
             weights["teacher_forced"][0, -1] = 0.0
-        chunks = attention_rows(module, layer_input, keys, None, {"position_embeddings": rotary}).chunks
-        for first, probs in chunks:
-            probs = group_mean(probs, keys.shape[1])  # the sums are kept per KV head, as both presses rank
+        if kept is None:  # the sums are kept per KV head, as both presses rank
+            chunks = attention_rows(module, layer_input, keys, None, {"position_embeddings": rotary}).chunks
+            kept = ((first, group_mean(probs, keys.shape[1])) for first, probs in chunks)
+        for first, probs in kept:
             rows = torch.arange(start + first, start + first + probs.shape[2], device=keys.device)
             for statistic, sums in self.sums.items():
                 weighted = weights.get(statistic.correctness)

@@ -2,8 +2,8 @@
 
 KVPress calls a prefill press's ``forward_hook(module, input, kwargs, output)`` after each attention layer.
 ``run_hook`` calls it the same way, with the layer's stored input rows, rotary embeddings and keys and values
-(a copy: some presses edit keys in place), on a stand-in cache of that layer, so the press's code alone decides
-what the layer keeps. What a press leaves on the module for decoding (``masked_key_indices``: AdaKV's
+(copies on write: ThinK edits keys in place), on a stand-in cache of that layer, so the press's code alone
+decides what the layer keeps. What a press leaves on the module for decoding (``masked_key_indices``: AdaKV's
 head-wise eviction, which KVPress applies during attention) is read back as a mask and the module restored.
 """
 
@@ -54,12 +54,12 @@ def kept_tokens(cache: DynamicCache, masks: list[torch.Tensor | None]) -> int:
 @contextmanager
 def no_new_hooks(model: nn.Module) -> Iterator[None]:
     """The hooks registered on ``model``'s modules inside the block are removed when it exits."""
-    before = {id(m): (set(m._forward_hooks), set(m._forward_pre_hooks)) for m in model.modules()}
+    modules = list(model.modules())
+    before = [(set(m._forward_hooks), set(m._forward_pre_hooks)) for m in modules]
     try:
         yield
     finally:
-        for module in model.modules():
-            hooks, pre_hooks = before.get(id(module), (set(), set()))
+        for module, (hooks, pre_hooks) in zip(modules, before, strict=True):
             for key in set(module._forward_hooks) - hooks:
                 del module._forward_hooks[key]
                 module._forward_hooks_with_kwargs.pop(key, None)
@@ -134,17 +134,23 @@ def hook_kwargs(
     rotary: tuple[torch.Tensor, torch.Tensor],
 ) -> dict:
     """The keyword arguments a prefill of ``hidden_states`` passes ``module``'s forward hook, with a stand-in
-    cache holding a copy of the layer's keys and values (some presses edit keys in place)."""
+    cache holding a copy-on-write copy of the layer's keys and values: a press that edits them in place (ThinK)
+    edits its own copy, and the others copy nothing."""
     positions = torch.arange(keys.shape[2], device=keys.device)
     return {
         "hidden_states": hidden_states,
         "attention_mask": None,
         "position_ids": positions[None],
-        "past_key_values": cache_of([*[(keys, values)] * module.layer_idx, (keys.clone(), values.clone())]),
+        "past_key_values": cache_of([*[(keys, values)] * module.layer_idx, (lazy_copy(keys), lazy_copy(values))]),
         "use_cache": True,
         "cache_position": positions,
         "position_embeddings": rotary,
     }
+
+
+def lazy_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` that shares its memory until either is written to (torch's copy-on-write clone)."""
+    return torch._lazy_clone(tensor)
 
 
 @contextmanager
