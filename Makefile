@@ -88,6 +88,8 @@ scorecard: setup
 bench: setup
 	$(PY) benchmarks/scoring.py
 	$(PY) benchmarks/grid.py
+	$(PY) benchmarks/grid.py --presses full snapkv h2o streaming_llm kvpress_tova tova rmm --ray-n 0 \
+		--output results/bench/grid_goal.json
 	$(PY) benchmarks/protocols.py
 	$(PY) benchmarks/engine_memory.py
 	$(PY) benchmarks/memory.py
