@@ -34,7 +34,7 @@ from presses.teacher_forcing import FROM_PREDICTIONS, language_model, top1_confi
 
 EXTEND_CHUNK = 8192  # tokens per forward: a forward captures every layer's input for its tokens
 # new rows x keys up to which an extension of a cache keeps its forward's attention rows (``fused_rows``: every
-# layer's until the forward ends, 4 bytes per KV head each, 180 MB at most on SmolLM2), so the column sums need no
+# layer's until the forward ends, 4 bytes per KV head each, 180 MiB at most on SmolLM2), so the column sums need no
 # second pass of the queries over the keys; a longer extension recomputes them a chunk at a time, and the first
 # forward (the prompt) runs sdpa, bit for bit the prefill a press's own pipeline runs
 KEPT_ROW_ELEMENTS = 1 << 19
