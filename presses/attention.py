@@ -114,7 +114,7 @@ def row_mask(module: nn.Module, kwargs: dict, n_rows: int, k_len: int, device: t
             return RowMask(allowed[None, None], None)
         keys_valid = mask.to(device).bool()
         return RowMask(allowed[None, None] & keys_valid[:, None, None, :], keys_valid[:, -n_rows:])
-    allowed = (mask if mask.dtype == torch.bool else mask == 0)[..., :k_len]
+    allowed = mask_allows(mask, k_len)
     q_len = allowed.shape[2]
     if n_rows > q_len:
         if window is not None:
@@ -130,6 +130,12 @@ def row_mask(module: nn.Module, kwargs: dict, n_rows: int, k_len: int, device: t
     own = torch.arange(k_len - n_rows, k_len, device=mask.device)
     valid = allowed[:, 0, torch.arange(n_rows, device=mask.device), own]
     return RowMask(allowed, None if valid.all() else valid)
+
+
+def mask_allows(mask: torch.Tensor, k_len: int) -> torch.Tensor:
+    """A 4-D attention mask (boolean, or additive float) as what it allows over the first ``k_len`` keys:
+    (batch, 1, q_len, k_len) booleans."""
+    return (mask if mask.dtype == torch.bool else mask == 0)[..., :k_len]
 
 
 def probability_chunks(

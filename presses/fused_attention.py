@@ -28,7 +28,7 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from presses.attention import attention_implementation, group_mean, probability_chunks
+from presses.attention import attention_implementation, group_mean, mask_allows, probability_chunks
 from presses.column_sums import PROVIDED, ColumnSums, add_column_sums
 
 FUSED_SDPA = "kvet_fused_sdpa"
@@ -96,7 +96,7 @@ def fused_sdpa(
     weights = None if not sums_of or request.weights is None else request.weights.to(query.device).float()
     sums = torch.zeros(batch, heads, k_len, dtype=torch.float32, device=query.device) if sums_of else None
     unpadded = attention_mask is None or (not sums_of and request.unpadded)
-    allowed = None if unpadded else _allowed(attention_mask, k_len)
+    allowed = None if unpadded else mask_allows(attention_mask, k_len)
     output = torch.empty_like(query)
     for first, probs in probability_chunks(query.float() * scale, key, request.chunk_size, allowed):
         stop, visible = first + probs.shape[2], probs.shape[-1]
@@ -110,11 +110,6 @@ def fused_sdpa(
     if sums_of:
         setattr(module, PROVIDED, {**getattr(module, PROVIDED, {}), request.statistic: sums})
     return output.transpose(1, 2).contiguous(), None
-
-
-def _allowed(mask: torch.Tensor, k_len: int) -> torch.Tensor:
-    """sdpa's 4-D mask (boolean, or additive float) as what it allows: (batch, 1, q_len, k_len) booleans."""
-    return (mask if mask.dtype == torch.bool else mask == 0)[..., :k_len]
 
 
 AttentionInterface.register(FUSED_SDPA, fused_sdpa)

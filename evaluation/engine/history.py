@@ -117,7 +117,9 @@ class History:
     def _extend(self, token_ids: list[int], teacher_forced: list[bool]) -> None:
         start, model = self.length, self.model
         ids = torch.tensor([token_ids], device=model.device)
-        kept_rows = self.statistics and start and len(token_ids) * (start + len(token_ids)) <= KEPT_ROW_ELEMENTS
+        kept_rows = (
+            bool(self.statistics) and start > 0 and len(token_ids) * (start + len(token_ids)) <= KEPT_ROW_ELEMENTS
+        )
         fused = fused_rows(model, self.layers, DEFAULT_CHUNK_SIZE, unpadded=True) if kept_rows else nullcontext()
         with fused as requests:
             hidden, captured = forward_capturing(model, ids, self.cache, start)
@@ -143,10 +145,9 @@ class History:
                 old_cos, old_sin = self.rotary[index]
                 self.rotary[index] = (torch.cat([old_cos, cos], dim=1), torch.cat([old_sin, sin], dim=1))
             if self.statistics:
-                kept_chunks = requests[index].chunks if requests else None
-                self._add_rows(index, layer.self_attn, layer_input, (cos, sin), start, new_weights, kept_chunks or None)
-                if requests:
-                    requests[index].chunks.clear()
+                kept = requests[index].chunks if requests else []
+                self._add_rows(index, layer.self_attn, layer_input, (cos, sin), start, new_weights, kept or None)
+                kept.clear()  # this layer's rows are summed: free them
 
     def _new_weights(
         self, lm_head: torch.nn.Module, hidden: torch.Tensor, token_ids: list[int], forced: list[bool]
