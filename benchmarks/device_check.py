@@ -31,14 +31,14 @@ import sys
 import time
 from pathlib import Path
 
-from evaluation.local_data import shared_data
+from evaluation.runs.data_location import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = """
 import json, resource, sys
 import torch
-from evaluation.cli import main
+from evaluation.cli.main import main
 
 code = main(sys.argv[1:])
 if torch.cuda.is_available():

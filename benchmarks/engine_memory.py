@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from evaluation.local_data import shared_data
+from evaluation.runs.data_location import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESS_SETS = {
@@ -39,8 +39,8 @@ def nbytes(tensors) -> int:
 def measure(model, ids, presses: list[str]) -> dict:
     import torch
 
+    from evaluation.catalogue.specs import make_press
     from evaluation.engine.history import History
-    from evaluation.press_specs import make_press
 
     history = History(model, frozenset({"context"}), [make_press(name, 0.5) for name in presses])
     start = time.perf_counter()
@@ -70,8 +70,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "results" / "bench" / "engine_memory.json")
     args = parser.parse_args()
 
-    from evaluation.models import load_model
-    from evaluation.terminal import quiet_libraries
+    from evaluation.runs.models import load_model
+    from evaluation.runs.terminal import quiet_libraries
 
     quiet_libraries()
     model, tokenizer = load_model()

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from evaluation.local_data import shared_data
-from evaluation.press_specs import DEFAULT_PRESSES
+from evaluation.catalogue.specs import DEFAULT_PRESSES
+from evaluation.runs.data_location import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,13 +72,13 @@ def ray_workers(args: argparse.Namespace) -> dict:
 
 def shared_against_per_cell(args: argparse.Namespace) -> dict:
 
-    from evaluation.budgets import parse_budgets, press_cells
-    from evaluation.cli import DEFAULT_RATIOS
-    from evaluation.longbench.data import load_configs, load_task
-    from evaluation.longbench.prompts import build_prompt
-    from evaluation.longbench.runner import LongBenchConfig, prompt_budget, run_cell, run_shared
-    from evaluation.models import ModelSettings
-    from evaluation.terminal import quiet_libraries
+    from evaluation.catalogue.budgets import parse_budgets, press_cells
+    from evaluation.cli.main import DEFAULT_RATIOS
+    from evaluation.protocols.longbench.data import load_configs, load_task
+    from evaluation.protocols.longbench.prompts import build_prompt
+    from evaluation.protocols.longbench.runner import LongBenchConfig, prompt_budget, run_cell, run_shared
+    from evaluation.runs.models import ModelSettings
+    from evaluation.runs.terminal import quiet_libraries
 
     settings = ModelSettings()
     quiet_libraries()

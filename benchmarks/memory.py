@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from evaluation.local_data import shared_data
+from evaluation.runs.data_location import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESSES = ["full", "snapkv", "h2o", "streaming_llm", "tova", "rmm", "rmm(lag=64)"]
@@ -35,14 +35,14 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 try:
-    from evaluation.terminal import quiet_libraries
-except ImportError:  # a reference tree from before evaluation/terminal.py
-    from evaluation.backends import quiet_libraries
-from evaluation.budgets import Budget, press_cells
-from evaluation.longbench.data import load_configs, load_task
-from evaluation.longbench.prompts import build_prompt
-from evaluation.longbench.runner import LongBenchConfig, run_shared
-from evaluation.models import ModelSettings
+    from evaluation.runs.terminal import quiet_libraries
+except ImportError:  # a reference tree from before evaluation/runs/terminal.py
+    from evaluation.runs.backends import quiet_libraries
+from evaluation.catalogue.budgets import Budget, press_cells
+from evaluation.protocols.longbench.data import load_configs, load_task
+from evaluation.protocols.longbench.prompts import build_prompt
+from evaluation.protocols.longbench.runner import LongBenchConfig, run_shared
+from evaluation.runs.models import ModelSettings
 
 quiet_libraries()
 data, length, presses, plain = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4] == "plain"

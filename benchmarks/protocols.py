@@ -29,19 +29,19 @@ from pathlib import Path
 
 import torch
 
-from evaluation.local_data import shared_data
+from evaluation.runs.data_location import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
-    from evaluation.budgets import Budget, ratio_for
+    from evaluation.catalogue.budgets import Budget, ratio_for
+    from evaluation.catalogue.specs import DEFAULT_PRESSES, make_press
     from evaluation.engine.history import History
-    from evaluation.locomo.data import load_conversations
-    from evaluation.locomo.render import gold_answer, question_prompt, render_conversation
-    from evaluation.press_specs import DEFAULT_PRESSES, make_press
-    from evaluation.streaming.framing import Framing
-    from evaluation.streaming.placements import fit_sessions
+    from evaluation.protocols.locomo.data import load_conversations
+    from evaluation.protocols.locomo.render import gold_answer, question_prompt, render_conversation
+    from evaluation.protocols.streaming.framing import Framing
+    from evaluation.protocols.streaming.placements import fit_sessions
 
     conversation = next(c for c in load_conversations(args.locomo) if c.sample_id == args.conversation)
     sessions = fit_sessions(
@@ -89,12 +89,12 @@ def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
 
 
 def longbench_decoding(args: argparse.Namespace, model, tokenizer) -> dict:
-    from evaluation.budgets import Budget, press_cells, ratio_for
+    from evaluation.catalogue.budgets import Budget, press_cells, ratio_for
+    from evaluation.catalogue.specs import make_press
+    from evaluation.engine.decoding import decode, decode_batch
     from evaluation.engine.history import History
-    from evaluation.generation import decode, decode_batch
-    from evaluation.longbench.data import load_configs, load_task
-    from evaluation.longbench.prompts import build_prompt
-    from evaluation.press_specs import make_press
+    from evaluation.protocols.longbench.data import load_configs, load_task
+    from evaluation.protocols.longbench.prompts import build_prompt
 
     task = load_configs(args.longbench, ["multi_news"])["multi_news"]
     example = load_task(args.longbench, "multi_news", 1)[0]
@@ -173,8 +173,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/protocols.json")
     args = parser.parse_args()
-    from evaluation.models import ModelSettings
-    from evaluation.terminal import quiet_libraries
+    from evaluation.runs.models import ModelSettings
+    from evaluation.runs.terminal import quiet_libraries
 
     quiet_libraries()
     model, tokenizer = ModelSettings().load()

@@ -10,7 +10,7 @@ per-process figure), interleaved repeat by repeat:
 - ``rmm(correctness='uniform',fused_attention=True)``: the same press whose sums come from the chunked pass
   that computes the layer's attention output, in place of sdpa.
 
-Each mode but ``sdpa`` is a press spec (``evaluation.press_specs``), built as the harness builds it.
+Each mode but ``sdpa`` is a press spec (``evaluation.catalogue.specs``), built as the harness builds it.
 
 Prints and writes medians and their ratios to the sdpa floor. ``--long`` adds one chunked run at a length
 where eager is not attempted, to show it completes.
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from evaluation.local_data import shared_data
+from evaluation.runs.data_location import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNKED = "rmm(correctness='uniform')"
@@ -52,10 +52,10 @@ def child(mode: str, length: int, data: Path) -> None:
     import torch
     from transformers import DynamicCache
 
-    from evaluation.models import load_model
-    from evaluation.press_needs import needs
-    from evaluation.press_specs import make_press
-    from evaluation.terminal import quiet_libraries
+    from evaluation.catalogue.needs import needs
+    from evaluation.catalogue.specs import make_press
+    from evaluation.runs.models import load_model
+    from evaluation.runs.terminal import quiet_libraries
 
     quiet_libraries()
     press = None if mode == "sdpa" else make_press(mode, 0.5)

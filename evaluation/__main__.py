@@ -10,6 +10,6 @@ if missing:
         "pip install 'kv-eviction-toolkit[eval]' (make setup does)"
     )
 
-from evaluation.cli import main  # noqa: E402
+from evaluation.cli.main import main  # noqa: E402
 
 sys.exit(main())

@@ -36,7 +36,7 @@ def token_ids() -> torch.Tensor:
 @pytest.fixture(scope="session")
 def smollm2() -> Callable[[str], tuple[PreTrainedModel, object]]:
     """Loader of the offline SmolLM2 by attention implementation, each loaded once per session."""
-    from evaluation.models import load_model
+    from evaluation.runs.models import load_model
 
     loaded: dict[str, tuple[PreTrainedModel, object]] = {}
 

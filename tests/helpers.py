@@ -20,7 +20,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from evaluation.local_data import shared_data
+from evaluation.runs.data_location import shared_data
 
 SHARED_DATA = shared_data()
 TINY = {
@@ -130,8 +130,8 @@ class OwnPrefillKnorm(KnormPress):
 
 def implementation(spec: str) -> str:
     """The attention a per-cell prefill under the press needs: eager where it reads the weights, else sdpa."""
-    from evaluation.press_needs import needs
-    from evaluation.press_specs import make_press
+    from evaluation.catalogue.needs import needs
+    from evaluation.catalogue.specs import make_press
 
     press = make_press(spec, 0.5)
     return "eager" if press is not None and needs(press).reads_weights else "sdpa"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.cli import main
+from evaluation.cli.main import main
 from tests.test_locomo_protocol import CONVERSATION
 from tests.test_longbench_protocol import data_dir, longbench, model_dir, read_rows  # noqa: F401
 
@@ -53,9 +53,9 @@ def test_locomo_data_that_would_drop_questions_is_refused_before_the_model_loads
 
 
 def test_a_unit_that_returns_without_its_results_stops_the_run_and_names_it(tmp_path):
-    from evaluation.backends import Unit, check_complete
     from evaluation.errors import EvaluationError
-    from evaluation.store import ResultStore
+    from evaluation.runs.backends import Unit, check_complete
+    from evaluation.runs.store import ResultStore
 
     store = ResultStore(tmp_path / "predictions.jsonl", lambda row: row["k"])
     store.append({"k": "a"})
@@ -67,7 +67,7 @@ def test_an_edited_data_file_is_read_anew_even_with_its_old_size_and_time(tmp_pa
     """``datasets`` keyed its cache on the file's size and mtime: an edit in place kept serving the old rows."""
     import os
 
-    from evaluation.json_data import load_json_rows
+    from evaluation.runs.json_rows import load_json_rows
 
     path = tmp_path / "rows.jsonl"
     path.write_text('{"x": "aaaa"}\n')
@@ -79,7 +79,7 @@ def test_an_edited_data_file_is_read_anew_even_with_its_old_size_and_time(tmp_pa
 
 
 def test_a_trace_cache_file_is_named_by_a_hash_never_by_the_text_spec(tmp_path, monkeypatch):
-    from evaluation.traces.record import load_or_record
+    from evaluation.protocols.traces.record import load_or_record
     from tests.helpers import byte_tokenizer, tiny_model
 
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
@@ -95,8 +95,8 @@ def test_a_trace_cache_file_is_named_by_a_hash_never_by_the_text_spec(tmp_path, 
 
 
 def test_a_ray_address_that_does_not_answer_is_an_error_within_a_bounded_time():
-    from evaluation.backends import check_ray_address
     from evaluation.errors import EvaluationError
+    from evaluation.runs.backends import check_ray_address
 
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
@@ -213,7 +213,7 @@ def test_the_combined_scorecard_refuses_a_run_twice_and_runs_of_two_models(finis
 
 def test_an_unwritable_cache_is_named_with_what_to_set(tmp_path, monkeypatch):
     from evaluation.errors import EvaluationError
-    from evaluation.models import SMOLLM2_ALIAS, ModelSettings
+    from evaluation.runs.models import SMOLLM2_ALIAS, ModelSettings
 
     monkeypatch.setenv("KVET_CACHE", "/dev/null/cache")
     with pytest.raises(EvaluationError, match=r"cannot write .*/dev/null/cache.*KVET_CACHE"):
@@ -283,7 +283,7 @@ def test_a_write_the_machine_refuses_is_one_line_that_says_the_rerun_resumes(
 ):
     import errno
 
-    from evaluation.store import ResultStore
+    from evaluation.runs.store import ResultStore
 
     def refuse(self, row):
         raise OSError(getattr(errno, errno_name), "refused by this test", str(self.path))
@@ -299,7 +299,7 @@ def test_every_error_the_cli_raises_reaches_the_user_as_one_line(monkeypatch, ca
     the command line prints any message (one quoting a several-line inner error too) as one line, exit 2."""
     import ast
 
-    import evaluation.cli as cli
+    import evaluation.cli.main as cli
     from evaluation.errors import EvaluationError
 
     root = Path(cli.__file__).parent

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.statistics import paired
+from evaluation.reporting.intervals import paired
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"

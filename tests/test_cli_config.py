@@ -1,4 +1,4 @@
-"""``--config``: a file's values go through the same flags' types as the command line (evaluation.config_file)."""
+"""``--config``: a file's values go through the same flags' types as the command line (evaluation.cli.config_file)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.cli import main, parser_for_every_command
-from evaluation.config_file import with_config
+from evaluation.cli.config_file import with_config
+from evaluation.cli.main import main, parser_for_every_command
 from evaluation.errors import EvaluationError
 
 

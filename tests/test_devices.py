@@ -10,14 +10,14 @@ import torch
 from kvpress import DecodingPress
 from transformers import DynamicCache
 
-from evaluation.budgets import Budget, press_cells, ratio_for
+from evaluation.catalogue.budgets import Budget, press_cells, ratio_for
+from evaluation.catalogue.specs import DEFAULT_PRESSES, make_press
+from evaluation.engine.decoding import decode_batch, generate
 from evaluation.engine.history import History
-from evaluation.generation import decode_batch, generate
-from evaluation.press_specs import DEFAULT_PRESSES, make_press
-from evaluation.store import MemoryStore
-from evaluation.streaming.config import StreamConfig
-from evaluation.streaming.runner import ConversationRun, row_key
-from evaluation.traces.record import record
+from evaluation.protocols.streaming.config import StreamConfig
+from evaluation.protocols.streaming.runner import ConversationRun, row_key
+from evaluation.protocols.traces.record import record
+from evaluation.runs.store import MemoryStore
 from presses import RMMPress, TOVAPress
 from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
 from tests.test_locomo_protocol import CONVERSATION
@@ -95,8 +95,8 @@ def test_decoding_under_decoding_press(devices, make):
 
 def stream(model) -> list[str]:
     """The LoCoMo conversation of the protocol tests, evidence placement, every default press at 200 tokens."""
-    from evaluation.locomo.data import parse_conversation
-    from evaluation.models import ModelSettings
+    from evaluation.protocols.locomo.data import parse_conversation
+    from evaluation.runs.models import ModelSettings
 
     tokenizer = byte_tokenizer(CHAT_TEMPLATE)
     config = StreamConfig(

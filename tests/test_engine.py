@@ -52,10 +52,10 @@ from kvpress import (
 from kvpress import TOVAPress as KVPressTOVA
 from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
 
+from evaluation.catalogue.needs import OWN_PREFILL, SHARED, needs
+from evaluation.catalogue.specs import make_press
 from evaluation.engine.history import History
 from evaluation.engine.hooks import mask_of
-from evaluation.press_needs import OWN_PREFILL, SHARED, needs
-from evaluation.press_specs import make_press
 from presses import RecentWindowPress, RMMPress, TOVAPress
 from presses.column_sums import ColumnSums
 from tests.helpers import (
@@ -242,8 +242,8 @@ def test_h2o_beside_a_press_that_reads_attention_rows_or_as_a_subclass_gets_its_
 
 
 def test_h2o_after_a_press_that_evicts_cannot_run_and_is_refused_before_any_work():
+    from evaluation.catalogue.specs import check_presses
     from evaluation.errors import EvaluationError
-    from evaluation.press_specs import check_presses
 
     with pytest.raises(EvaluationError, match="ObservedAttentionPress after a press that evicts"):
         check_presses(["composed([knorm, h2o])"])

@@ -46,8 +46,8 @@ from kvpress import (
 )
 
 import presses
+from evaluation.catalogue.specs import canonical, check_presses, make_press, parse_spec
 from evaluation.errors import EvaluationError
-from evaluation.press_specs import canonical, check_presses, make_press, parse_spec
 from presses.wrapped import every_press
 
 REGISTRY = {

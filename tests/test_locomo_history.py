@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evaluation.budgets import Budget
+from evaluation.catalogue.budgets import Budget
+from evaluation.catalogue.specs import DEFAULT_PRESSES, make_press
 from evaluation.engine import history as history_module
+from evaluation.engine.decoding import decode
 from evaluation.engine.history import History
-from evaluation.generation import decode
-from evaluation.press_specs import DEFAULT_PRESSES, make_press
 from presses.attention import attention_rows
 from presses.prefix import forward_capturing
 from tests.helpers import (

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.cli import main
-from evaluation.locomo.data import parse_conversation
-from evaluation.locomo.render import choice_options, question_prompt, render_conversation, resolve_choice
+from evaluation.cli.main import main
 from evaluation.metrics.locomo import multi_hop_f1, normalize_answer, score, stemmed_f1
-from evaluation.streaming.episodes import Question
+from evaluation.protocols.locomo.data import parse_conversation
+from evaluation.protocols.locomo.render import choice_options, question_prompt, render_conversation, resolve_choice
+from evaluation.protocols.streaming.episodes import Question
 from tests.helpers import saved_chat_model
 
 CONVERSATION = {

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from evaluation.cli import main
+from evaluation.cli.main import main
 from evaluation.metrics.longbench import (
     classification_score,
     code_sim_score,
@@ -112,7 +112,7 @@ def test_rescoring_command(tmp_path, capsys):
 
 
 def test_a_generation_repeats_itself_when_one_sentence_comes_three_times():
-    from evaluation.longbench.degeneracy import degeneracy_lines, repeats_itself
+    from evaluation.protocols.longbench.degeneracy import degeneracy_lines, repeats_itself
 
     assert repeats_itself("The storm hit. The storm hit! the storm hit.\nThen calm.")
     assert not repeats_itself("The storm hit. The storm hit. Then calm.")

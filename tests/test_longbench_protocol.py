@@ -10,10 +10,10 @@ import pytest
 import torch
 from kvpress.utils import compute_n_kept
 
-from evaluation.cli import main
-from evaluation.json_data import load_json_rows
-from evaluation.longbench.data import Example, TaskConfig, load_task, parquet_rows, write_jsonl
-from evaluation.longbench.prompts import build_prompt
+from evaluation.cli.main import main
+from evaluation.protocols.longbench.data import Example, TaskConfig, load_task, parquet_rows, write_jsonl
+from evaluation.protocols.longbench.prompts import build_prompt
+from evaluation.runs.json_rows import load_json_rows
 from tests.helpers import CHAT_TEMPLATE, SHARED_DATA, byte_tokenizer, saved_chat_model
 
 PROMPTS = {
@@ -224,7 +224,7 @@ def test_no_data_dir_and_no_hub_says_what_to_pass(tmp_path, capsys, monkeypatch)
         raise ConnectionError("no network")
 
     monkeypatch.delenv("LONGBENCH_DIR", raising=False)
-    monkeypatch.setattr("evaluation.longbench.data.parquet_rows", unreachable)
+    monkeypatch.setattr("evaluation.protocols.longbench.data.parquet_rows", unreachable)
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
     assert main(["longbench", "--output", str(tmp_path / "out"), "--n", "1"]) == 2
     error = capsys.readouterr().err

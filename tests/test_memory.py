@@ -10,10 +10,10 @@ import pytest
 import torch
 from kvpress import AdaKVPress, KnormPress, StreamingLLMPress
 
-from evaluation.cli import main
+from evaluation.cli.main import main
 from evaluation.engine.history import History
 from evaluation.engine.retention import answer_spans, kept_positions, retention
-from evaluation.synthetic.memory import memory_episodes, older_than_the_budget
+from evaluation.protocols.synthetic.memory import memory_episodes, older_than_the_budget
 from tests.helpers import saved_chat_model, tiny_model
 
 IDS = torch.randint(3, 256, (1, 80), generator=torch.Generator().manual_seed(2))[0].tolist()

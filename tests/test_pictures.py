@@ -11,7 +11,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
 
-from evaluation.scorecard import MARKERS, plot_forest, plot_scores, summarize
+from evaluation.reporting.scorecard import MARKERS, plot_forest, plot_scores, summarize
 
 CONDITIONS = ["LongBench multi_news", "LoCoMo overall (1-4)", "LoCoMo later turns", "LoCoMo temporal (2)"]
 BUDGETS = ["keep 50%", "keep 25%"]

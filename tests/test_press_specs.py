@@ -7,8 +7,8 @@ import sys
 import pytest
 from kvpress import ComposedPress, KnormPress
 
+from evaluation.catalogue.specs import MAX_DEPTH, check_presses, parse_spec
 from evaluation.errors import EvaluationError
-from evaluation.press_specs import MAX_DEPTH, check_presses, parse_spec
 
 CALLS: list[str] = []
 

@@ -8,11 +8,11 @@ import weakref
 import torch
 from transformers import DynamicCache
 
+from evaluation.catalogue.specs import make_press
+from evaluation.engine.decoding import decode, decode_batch
 from evaluation.engine.history import History
 from evaluation.engine.hooks import Compressed, cache_of
-from evaluation.generation import decode, decode_batch
-from evaluation.press_specs import make_press
-from evaluation.ragged import RaggedCache
+from evaluation.engine.ragged import RaggedCache
 from tests.helpers import tiny_model
 
 

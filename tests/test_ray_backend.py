@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation import backends
-from evaluation.cli import main
+from evaluation.cli.main import main
+from evaluation.runs import backends
 from tests.helpers import saved_chat_model, tiny_model
 from tests.test_locomo_protocol import CONVERSATION
 from tests.test_longbench_protocol import write_task
@@ -80,7 +80,7 @@ def test_ray_with_two_workers_equals_the_local_backend_byte_for_byte(ray_instanc
 
 def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(ray_instance, model_dir, data, tmp_path, monkeypatch):
     """The worker running the second example dies once, mid-unit; a fresh worker reruns that unit."""
-    from evaluation.longbench import runner
+    from evaluation.protocols.longbench import runner
 
     marker, real = tmp_path / "killed-once", runner.run_example
 
@@ -104,7 +104,7 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(ray_instance, mode
 def test_a_unit_that_always_fails_is_reported_and_the_rest_are_saved(
     ray_instance, model_dir, data, tmp_path, capsys, monkeypatch
 ):
-    from evaluation.longbench import runner
+    from evaluation.protocols.longbench import runner
 
     real = runner.run_example
 
@@ -127,7 +127,7 @@ def test_a_unit_that_always_fails_is_reported_and_the_rest_are_saved(
 def test_the_local_backend_never_imports_ray(model_dir, data, tmp_path):
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "from evaluation.cli import main\n"
+        "from evaluation.cli.main import main\n"
         f"sys.exit(main({longbench_argv(model_dir, data, tmp_path / 'local')!r}))"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
@@ -184,7 +184,7 @@ def test_on_a_cpu_only_driver_each_worker_asks_for_its_gpu_and_loads_onto_it(
 ):
     import torch
 
-    from evaluation.models import ModelSettings
+    from evaluation.runs.models import ModelSettings
 
     fake = FakeRay({"GPU": 2.0, "CPU": 8.0})
     monkeypatch.setitem(sys.modules, "ray", fake)
@@ -209,7 +209,7 @@ def test_on_a_cpu_only_driver_each_worker_asks_for_its_gpu_and_loads_onto_it(
 def test_a_model_loads_straight_onto_its_device(model_dir, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from evaluation.models import load_model
+    from evaluation.runs.models import load_model
 
     calls = []
 

@@ -8,11 +8,11 @@ import torch
 from kvpress import ObservedAttentionPress
 from kvpress.utils import compute_n_kept
 
+from evaluation.catalogue.needs import budget_refusal
+from evaluation.catalogue.specs import make_press, parse_spec
 from evaluation.errors import EvaluationError
-from evaluation.press_needs import budget_refusal
-from evaluation.press_specs import make_press, parse_spec
-from evaluation.traces.policies import LayerTrace, PressPolicy, StreamedPolicy, recency_control
-from evaluation.traces.replay import replay
+from evaluation.protocols.traces.policies import LayerTrace, PressPolicy, StreamedPolicy, recency_control
+from evaluation.protocols.traces.replay import replay
 from presses import RecentWindowPress
 from tests.helpers import kept_positions, tiny_model
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.cli import main
-from evaluation.models import ModelSettings
+from evaluation.cli.main import main
+from evaluation.runs.models import ModelSettings
 from tests.helpers import SHARED_DATA
 from tests.test_locomo_protocol import CONVERSATION
 from tests.test_longbench_protocol import data_dir, longbench, model_dir  # noqa: F401
@@ -38,7 +38,7 @@ def test_a_second_run_into_the_same_folder_is_refused_while_the_first_writes(mod
 def test_run_json_is_written_before_the_first_cell(model_dir, data_dir, tmp_path, monkeypatch):  # noqa: F811
     import gc
 
-    import evaluation.longbench.runner as runner
+    import evaluation.protocols.longbench.runner as runner
 
     output = tmp_path / "run"
 
@@ -203,7 +203,7 @@ def test_bad_locomo_questions_are_refused(tmp_path, capsys, change, message):
 
 def test_the_trace_cache_is_keyed_by_the_data(tmp_path, monkeypatch):
     """Two data roots with different multi_news:0 texts give two cached traces, not the first one twice."""
-    from evaluation.traces.record import load_or_record
+    from evaluation.protocols.traces.record import load_or_record
 
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
     roots = []
@@ -222,7 +222,7 @@ def test_the_trace_cache_is_keyed_by_the_data(tmp_path, monkeypatch):
 
 
 def test_a_corrupt_trace_cache_names_its_file(tmp_path, monkeypatch, capsys):
-    from evaluation.traces.record import load_or_record
+    from evaluation.protocols.traces.record import load_or_record
 
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
     from tests.helpers import byte_tokenizer, tiny_model
@@ -252,7 +252,7 @@ def test_an_error_that_is_no_refusal_stops_the_run_loudly_and_the_rerun_resumes(
     first example's rows stay, and the same command finishes the rest."""
     import torch
 
-    import evaluation.longbench.runner as runner
+    import evaluation.protocols.longbench.runner as runner
 
     output, calls, decode = tmp_path / "run", [], runner.decode_batch
 
@@ -282,9 +282,9 @@ def test_an_eager_prefill_that_would_not_fit_is_a_failed_cell_before_it_runs(mon
     import psutil
     import torch
 
+    from evaluation.catalogue.specs import make_press
+    from evaluation.engine.decoding import generate
     from evaluation.errors import PressCannotRun
-    from evaluation.generation import generate
-    from evaluation.press_specs import make_press
     from tests.helpers import tiny_model
 
     model = tiny_model("llama", "eager")

@@ -21,7 +21,7 @@ from kvpress.utils import compute_n_kept
 from torch import nn
 from transformers import DynamicCache
 
-from evaluation.budgets import Budget
+from evaluation.catalogue.budgets import Budget
 from presses import RMMPress, TOVAPress
 from presses.teacher_forcing import top1_confidence, top1_predictions
 from tests.helpers import (

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluation.cli import main
-from evaluation.statistics import bootstrap, paired
+from evaluation.cli.main import main
+from evaluation.reporting.intervals import bootstrap, paired
 
 RNG = np.random.default_rng(0)
 BASE = dict(enumerate(RNG.uniform(0.2, 0.6, size=40)))
@@ -135,7 +135,7 @@ def test_verdicts_say_what_the_pairs_carry():
     """identical (same outputs), no signal (both at the floor), too few (under 10 pairs), else the interval."""
     import pandas as pd
 
-    from evaluation.scorecard import summarize
+    from evaluation.reporting.scorecard import summarize
 
     n = 12
     varied = [(0.1 * (i % 5), f"a{i}") for i in range(n)]
@@ -171,7 +171,7 @@ def test_a_budget_that_holds_only_some_examples_pairs_with_the_full_cache_on_tho
     cell holds the other examples only: against the full cache it pairs on them."""
     import pandas as pd
 
-    from evaluation.scorecard import summarize
+    from evaluation.reporting.scorecard import summarize
 
     varied = [(0.1 * (i % 5), f"a{i}") for i in range(12)]
     rows = verdict_frame({"full": [(s + 0.5, o + "!") for s, o in varied], "h2o": varied, "tova": varied})
@@ -184,8 +184,8 @@ def test_a_budget_that_holds_only_some_examples_pairs_with_the_full_cache_on_tho
 
 
 def test_a_condition_holding_exactly_another_conditions_rows_is_reported_once():
-    from evaluation.benchmark import Benchmark
-    from evaluation.scorecard import scores_frame
+    from evaluation.reporting.conditions import Benchmark
+    from evaluation.reporting.scorecard import scores_frame
 
     both = Benchmark(
         "B", lambda row: ["overall", "visible", *(["odd"] if row["i"] % 2 else [])], lambda r: r["i"], 1, 3
@@ -197,9 +197,9 @@ def test_a_condition_holding_exactly_another_conditions_rows_is_reported_once():
 def test_a_contrast_pairs_two_conditions_of_one_press_by_their_matched_pair():
     """Reused codes against their controls, paired by (conversation, pair): the difference is the mean of the
     pairs' differences (here 1 in 8 of 12 pairs, -1 in 2), not of the two conditions' unrelated examples."""
-    from evaluation.benchmark import Benchmark, Contrast
-    from evaluation.budgets import OVER_THE_CONTEXT
-    from evaluation.scorecard import contrast_table
+    from evaluation.catalogue.budgets import OVER_THE_CONTEXT
+    from evaluation.reporting.conditions import Benchmark, Contrast
+    from evaluation.reporting.scorecard import contrast_table
 
     reuse = [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0]
     fresh = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0]

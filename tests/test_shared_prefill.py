@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from evaluation.budgets import Budget, ratio_for
+from evaluation.catalogue.budgets import Budget, ratio_for
+from evaluation.catalogue.specs import DEFAULT_PRESSES, make_press
+from evaluation.engine.decoding import decode_batch, generate
 from evaluation.engine.history import History
-from evaluation.generation import decode_batch, generate
-from evaluation.press_specs import DEFAULT_PRESSES, make_press
 from tests.helpers import history_kept, implementation, prefill, tiny_model
 from tests.test_longbench_protocol import data_dir, longbench, model_dir, read_rows  # noqa: F401
 

@@ -14,17 +14,17 @@ from kvpress import DecodingPress, ObservedAttentionPress
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
-from evaluation.budgets import Budget, press_cells, ratio_for
+from evaluation.catalogue.budgets import Budget, press_cells, ratio_for
+from evaluation.catalogue.specs import DEFAULT_PRESSES, FULL_CACHE, make_press
+from evaluation.engine.decoding import decode, decode_batch, eos_ids
 from evaluation.engine.history import History
-from evaluation.generation import decode, decode_batch, eos_ids
-from evaluation.longbench.data import load_configs, load_task
-from evaluation.longbench.prompts import build_prompt
-from evaluation.models import SMOLLM2_ALIAS
-from evaluation.press_specs import DEFAULT_PRESSES, FULL_CACHE, make_press
-from evaluation.traces.policies import LayerTrace, default_policies
-from evaluation.traces.record import load_or_record
-from evaluation.traces.replay import recent_share, replay
-from evaluation.traces.runner import held_counts, per_layer
+from evaluation.protocols.longbench.data import load_configs, load_task
+from evaluation.protocols.longbench.prompts import build_prompt
+from evaluation.protocols.traces.policies import LayerTrace, default_policies
+from evaluation.protocols.traces.record import load_or_record
+from evaluation.protocols.traces.replay import recent_share, replay
+from evaluation.protocols.traces.runner import held_counts, per_layer
+from evaluation.runs.models import SMOLLM2_ALIAS
 from presses import RMMPress, TOVAPress
 from presses.ordered_scorer_press import kept_indices
 from tests.helpers import (
@@ -274,7 +274,7 @@ def test_decoding_press_alone_keeps_the_sink_of_the_prompt_it_never_saw(smollm2,
 def test_kvpress_presses_stream_on_every_streamed_task(task, extra, tmp_path):
     """KNorm, ExpectedAttention, AdaKV(SnapKV) and PyramidKV, each served by its own hook on the shared history,
     answer two questions of each streamed task."""
-    from evaluation.cli import main
+    from evaluation.cli.main import main
 
     extra = [str(SHARED_DATA / "locomo" / "locomo10.json") if arg == "LOCOMO" else arg for arg in extra]
     presses = ["knorm", "expected_attention", "adakv(snapkv)", "pyramidkv"]
@@ -295,7 +295,7 @@ def test_bfloat16_recomputed_attention_keeps_what_float32_logits_of_the_same_ten
     and keys."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
-    from evaluation.models import load_model
+    from evaluation.runs.models import load_model
     from presses.prefix import forward_capturing
 
     model, tokenizer = load_model(dtype="bfloat16")

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.cli import main
-from evaluation.streaming.episodes import Question
-from evaluation.streaming.placements import asked_after_session
-from evaluation.synthetic.multiquery import multiquery_episodes
-from evaluation.synthetic.reuse import reuse_episodes
-from evaluation.synthetic.task import (
+from evaluation.cli.main import main
+from evaluation.protocols.streaming.episodes import Question
+from evaluation.protocols.streaming.placements import asked_after_session
+from evaluation.protocols.synthetic.multiquery import multiquery_episodes
+from evaluation.protocols.synthetic.reuse import reuse_episodes
+from evaluation.protocols.synthetic.task import (
     MULTIQUERY,
     REUSE,
     first_use_distance,

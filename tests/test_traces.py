@@ -12,11 +12,11 @@ import torch
 from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
 from kvpress.utils import compute_n_kept
 
-from evaluation.cli import main
-from evaluation.traces import controlled
-from evaluation.traces.policies import BeladyPolicy, LayerTrace, PressPolicy, StreamedPolicy
-from evaluation.traces.record import record
-from evaluation.traces.replay import replay
+from evaluation.cli.main import main
+from evaluation.protocols.traces import controlled
+from evaluation.protocols.traces.policies import BeladyPolicy, LayerTrace, PressPolicy, StreamedPolicy
+from evaluation.protocols.traces.record import record
+from evaluation.protocols.traces.replay import replay
 from presses import TOVAPress
 from presses.ordered_scorer_press import kept_indices
 from tests.helpers import SHARED_DATA, kept_positions, tiny_model

@@ -3,7 +3,7 @@
 A prefill press prunes each layer's cache only after that layer's attention, so the prefill's hidden states never
 depend on the press: one full-cache prefill can serve every press and budget (LongBench), and one growing cache
 every turn of a conversation (the streaming protocol). The history's cache is extended with new tokens only.
-Alongside it, per layer, it keeps what the served presses' hooks read (``evaluation.press_needs``): the newest
+Alongside it, per layer, it keeps what the served presses' hooks read (``evaluation.catalogue.needs``): the newest
 rows of the layer's input (all of them if any press reads every row), the rotary embeddings, and the column sums
 of attention that H2O and RMM read instead of the (length x length) weights, which new rows only add to (per KV
 head: both presses average them over each KV group's query heads). A short extension of the cache (a turn) takes
@@ -24,8 +24,8 @@ from kvpress.presses.base_press import BasePress
 from kvpress.presses.scorer_press import ScorerPress
 from transformers import DynamicCache, PreTrainedModel
 
+from evaluation.catalogue.needs import ALL, SHARED, combined, needs
 from evaluation.engine.hooks import Compressed, cache_of, no_new_hooks, run_hook, run_score
-from evaluation.press_needs import ALL, SHARED, combined, needs
 from presses.attention import DEFAULT_CHUNK_SIZE, attention_rows, group_mean, sliding_window
 from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
 from presses.fused_attention import fused_rows

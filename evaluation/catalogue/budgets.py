@@ -1,0 +1,94 @@
+"""Compression budgets: a ratio of the cache to evict, or an absolute number of tokens to keep."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from evaluation.catalogue.specs import FULL_CACHE
+from evaluation.errors import EvaluationError
+
+
+@dataclass(frozen=True)
+class Budget:
+    kind: str  # "ratio" (fraction evicted) or "tokens" (tokens kept)
+    value: float
+
+    def __post_init__(self) -> None:
+        if self.kind == "ratio" and not 0 <= self.value < 1:
+            raise EvaluationError(f"compression ratio {self.value} is outside [0, 1): it is the fraction evicted")
+        if self.kind == "tokens" and (self.value <= 0 or self.value != int(self.value)):
+            raise EvaluationError(f"token budget {self.value} must be a whole number of tokens > 0")
+        if self.kind not in ("ratio", "tokens"):
+            raise ValueError(f"unknown budget kind {self.kind!r}")
+
+    @property
+    def key(self) -> str:
+        return f"ratio={self.value:g}" if self.kind == "ratio" else f"tokens={int(self.value)}"
+
+    @property
+    def label(self) -> str:
+        return f"keep {100 * (1 - self.value):.0f}%" if self.kind == "ratio" else f"{int(self.value)} tokens"
+
+    def compression_ratio(self, length: int) -> float:
+        """The ratio that keeps this budget of a ``length``-token cache (0 when it already fits).
+
+        For a token budget B < length, ``int(length * (1 - ratio))`` is exactly B.
+        """
+        if self.kind == "ratio":
+            return self.value
+        return max(0.0, 1 - (self.value + 0.5) / length) if self.value < length else 0.0
+
+
+Cell = tuple[str, Budget | None]  # a press name and its budget (None for the full cache)
+
+
+def check_token_budgets(cells: list[Cell]) -> None:
+    """A press that cannot keep a cell's token budget at all is refused before any work (ratio budgets depend on
+    each context's length: such a cell is recorded as failed)."""
+    from evaluation.catalogue.needs import budget_refusal
+    from evaluation.catalogue.specs import make_press
+
+    for spec, budget in cells:
+        if budget is not None and budget.kind == "tokens":
+            press = make_press(spec, 0.5)
+            reason = budget_refusal(press, int(budget.value)) if press is not None else ""
+            if reason:
+                raise EvaluationError(f"press spec {spec!r} at a budget of {budget.label}: {reason}")
+
+
+def parse_budgets(ratios: list[float] | None, tokens: list[int] | None) -> list[Budget]:
+    """The budgets asked for, each once, in the order given."""
+    budgets = [Budget("ratio", r) for r in ratios or []] + [Budget("tokens", t) for t in tokens or []]
+    return list(dict.fromkeys(budgets))
+
+
+def budget_key(budget: Budget | None) -> str:
+    """The resume key of a cell's budget; the full-cache cell (no budget) is ``"full"``."""
+    return budget.key if budget else FULL_CACHE
+
+
+def budget_label(budget: Budget | None, length: int | None = None) -> str:
+    """A budget's name in tables; a token budget at or above the ``length`` of a row's context compresses nothing,
+    and says so."""
+    if budget is not None and budget.kind == "tokens" and length is not None and budget.value >= length:
+        return budget.label + OVER_THE_CONTEXT
+    return budget.label if budget else FULL_CACHE
+
+
+OVER_THE_CONTEXT = " (>= the context: the full cache)"
+
+
+def ratio_for(budget: Budget | None, length: int) -> float:
+    """The compression ratio of a cell over a ``length``-token cache (0 for the full cache)."""
+    return budget.compression_ratio(length) if budget else 0.0
+
+
+def press_cells(presses: list[str], budgets: list[Budget], budget_options: str) -> list[Cell]:
+    """The full cache once (if asked for), then every other press at every budget, each cell once."""
+    presses, budgets = list(dict.fromkeys(presses)), list(dict.fromkeys(budgets))
+    if not budgets and any(press != FULL_CACHE for press in presses):
+        raise EvaluationError(f"no budget: give at least one {budget_options} value")
+    full = [(FULL_CACHE, None)] if FULL_CACHE in presses else []
+    cells = full + [(press, budget) for press in presses if press != FULL_CACHE for budget in budgets]
+    check_token_budgets(cells)
+    return cells

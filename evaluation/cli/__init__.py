@@ -1,0 +1,1 @@
+"""The command line: ``python -m evaluation SUBCOMMAND``, option types, and ``--config`` files."""

@@ -1,0 +1,165 @@
+"""LongBench v1 data in the official layout: ``<task>.jsonl`` plus ``config/dataset2prompt.json`` and
+``config/dataset2maxlen.json``. From a folder (``--data`` or ``LONGBENCH_DIR``), or with the network from the
+hub's parquet copy of ``THUDM/LongBench`` (the official rows, converted by the hub) and the configs of the
+official repository, downloaded once per task into that layout and cached."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from evaluation.errors import EvaluationError
+from evaluation.metrics.longbench import TASK_METRICS
+from evaluation.runs.json_rows import load_json_rows
+from evaluation.runs.models import cache_root
+
+HUB_DATASET = "THUDM/LongBench"
+PARQUET_REVISION = "refs/convert/parquet"
+CONFIG_URL = "https://raw.githubusercontent.com/THUDM/LongBench/main/LongBench/config/{}"
+CONFIG_FILES = ("dataset2prompt.json", "dataset2maxlen.json")
+FIELDS = ("input", "context", "answers", "all_classes", "_id")
+LAYOUT = "a folder holding <task>.jsonl and config/dataset2prompt.json, config/dataset2maxlen.json"
+
+
+@dataclass(frozen=True)
+class Example:
+    task: str
+    id: str
+    input: str
+    context: str
+    answers: list[str]
+    all_classes: list[str] | None
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    prompt: str
+    max_new_tokens: int
+
+
+def check_tasks(tasks: list[str]) -> None:
+    unknown = [task for task in tasks if task not in TASK_METRICS]
+    if unknown:
+        raise EvaluationError(f"unknown LongBench task(s) {unknown}; known tasks: {', '.join(TASK_METRICS)}")
+
+
+def resolve_data_dir(data_dir: str | None, tasks: list[str]) -> Path:
+    """The folder to read: ``local_data_dir``, else the hub download of ``tasks``, written once into the cache."""
+    return local_data_dir(data_dir, tasks) or download(tasks)
+
+
+def local_data_dir(data_dir: str | None, tasks: list[str]) -> Path | None:
+    """The folder a run reads without the network: the one given, else ``$LONGBENCH_DIR``, else the cache when it
+    holds ``tasks`` and the configs; None when a run would download them."""
+    given = data_dir or os.environ.get("LONGBENCH_DIR")
+    if given is None:
+        target = cache_root() / "data" / "longbench"
+        needed = [target / f"{task}.jsonl" for task in tasks] + [target / "config" / name for name in CONFIG_FILES]
+        return target if all(path.is_file() for path in needed) else None
+    path = Path(given)
+    if not (path / "config" / CONFIG_FILES[0]).is_file() or not (path / "config" / CONFIG_FILES[1]).is_file():
+        raise EvaluationError(f"LongBench data dir {path} is missing or incomplete: pass --data {LAYOUT}.")
+    return path
+
+
+def what_a_run_downloads(tasks: list[str]) -> str:
+    configs = CONFIG_URL.rsplit("/", 1)[0]
+    return f"{', '.join(tasks)} from the hub's {HUB_DATASET} (parquet), and {', '.join(CONFIG_FILES)} from {configs}"
+
+
+def download(tasks: list[str]) -> Path:
+    """Fetch the configs and each task's rows once into the cache (needs the network)."""
+    target = cache_root() / "data" / "longbench"
+    try:
+        (target / "config").mkdir(parents=True, exist_ok=True)
+        for task in tasks:
+            if not (target / f"{task}.jsonl").is_file():
+                write_jsonl(target / f"{task}.jsonl", parquet_rows(HUB_DATASET, task, PARQUET_REVISION))
+        for name in CONFIG_FILES:
+            if not (target / "config" / name).is_file():
+                with urllib.request.urlopen(CONFIG_URL.format(name), timeout=60) as response:
+                    write_atomically(target / "config" / name, response.read())
+    except Exception as error:
+        raise EvaluationError(
+            f"no LongBench data: no --data or LONGBENCH_DIR was given, and downloading {HUB_DATASET} failed "
+            f"({type(error).__name__}: {error}). Pass --data {LAYOUT}."
+        ) from error
+    return target
+
+
+def parquet_rows(source: str, task: str, revision: str | None) -> list[dict]:
+    """A task's test rows, in order, from a parquet copy laid out as the hub's conversion is
+    (``<task>/test/*.parquet`` or ``<task>/*-test.parquet``): a hub dataset id or a local folder."""
+    import datasets
+
+    return datasets.load_dataset(source, data_dir=task, split="test", revision=revision).to_list()
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """The official file layout: one JSON object per line, fields and order as given."""
+    write_atomically(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode())
+
+
+def write_atomically(path: Path, content: bytes) -> None:
+    """A download cut off halfway leaves no file that a later run would take as complete."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(content)
+    partial.replace(path)
+
+
+def read_config(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise EvaluationError(f"{path}: not a readable JSON file ({error})") from error
+
+
+def load_configs(data_dir: Path, tasks: list[str]) -> dict[str, TaskConfig]:
+    prompts = read_config(data_dir / "config" / CONFIG_FILES[0])
+    max_lengths = read_config(data_dir / "config" / CONFIG_FILES[1])
+    missing = [task for task in tasks if task not in prompts or task not in max_lengths]
+    if missing:
+        raise EvaluationError(f"{data_dir / 'config'} has no prompt or max length for {missing}")
+    for task in tasks:
+        template, length = prompts[task], max_lengths[task]
+        if not isinstance(template, str) or template.count("{context}") != 1:
+            raise EvaluationError(f"the {task} prompt template must be a string with {{context}} exactly once")
+        try:
+            template.format(context="", input="")
+        except (KeyError, IndexError, ValueError) as error:
+            raise EvaluationError(
+                f"the {task} prompt template has a field other than {{context}} and {{input}} ({error}): "
+                f"fix {data_dir / 'config' / CONFIG_FILES[0]}"
+            ) from error
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise EvaluationError(
+                f"the {task} answer length in {data_dir / 'config' / CONFIG_FILES[1]} must be a whole number of "
+                f"tokens >= 1, got {length!r}"
+            )
+    return {task: TaskConfig(prompts[task], max_lengths[task]) for task in tasks}
+
+
+def load_task(data_dir: Path, task: str, n: int | None = None) -> list[Example]:
+    """The first ``n`` examples of a task in file order (all when ``n`` is None), read through ``datasets``."""
+    path = data_dir / f"{task}.jsonl"
+    if not path.is_file():
+        present = sorted(p.stem for p in data_dir.glob("*.jsonl"))
+        raise EvaluationError(f"{path} not found; this data dir holds the tasks {present}")
+    examples, seen = [], set()
+    for number, row in enumerate(load_json_rows(path)[:n], start=1):
+        missing = [name for name in FIELDS if name not in row or (row[name] is None and name != "all_classes")]
+        if missing:
+            raise EvaluationError(f"{path}: row {number} lacks the field(s) {missing}")
+        answers = row["answers"]
+        if not isinstance(answers, list) or not all(isinstance(answer, str) for answer in answers):
+            raise EvaluationError(f"{path}: row {number} ({row['_id']}): answers must be a list of strings")
+        if not answers:
+            raise EvaluationError(f"{path}: row {number} ({row['_id']}): no gold answers, so any prediction scores 0")
+        if row["_id"] in seen:
+            raise EvaluationError(f"{path}: row {number} repeats the _id {row['_id']}: every example needs its own")
+        seen.add(row["_id"])
+        examples.append(Example(task, str(row["_id"]), row["input"], row["context"], answers, row["all_classes"]))
+    return examples

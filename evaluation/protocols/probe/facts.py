@@ -1,0 +1,73 @@
+"""Two-hop probes: sixteen one-sentence facts, two of which chain to the answer of a question.
+
+Eight facts say where a person lives ("Mia lives in Oslo."), eight what colour a city's flag is ("The flag of
+Oslo is red."), over eight people, eight cities and eight colours, each used once. The question names one person
+and asks for the colour of the flag of that person's city, so its answer chains two facts (the person's home, then
+that city's flag) and the other fourteen, of the same two forms, are distractors. The facts come in a shuffled
+order. Everything is drawn from ``random.Random(f"probe:{seed}:{index}")``: the same seed gives the same probes.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from evaluation.protocols.synthetic.words import CITIES, COLORS, NAMES
+
+FACTS, PEOPLE = 16, 8
+LIVES = re.compile(r"^(\w+) lives in (\w+)\.$")
+FLAG = re.compile(r"^The flag of (\w+) is (\w+)\.$")
+ASKED = re.compile(r"^What colour is the flag of the city where (\w+) lives\?$")
+# the worked example the model sees first (people and cities outside the probes' vocabulary)
+EXAMPLE_FACTS = ("Tom lives in Bern.", "The flag of Bern is pink.", "Ann lives in Rome.", "The flag of Rome is grey.")
+EXAMPLE_QUESTION = "What colour is the flag of the city where Ann lives?"
+EXAMPLE_REASONING = "Ann lives in Rome. The flag of Rome is grey. So the answer is grey."
+EXAMPLE_ANSWER = "grey."
+
+
+@dataclass(frozen=True)
+class Probe:
+    index: int
+    facts: tuple[str, ...]
+    question: str
+    answer: str  # the colour
+    bridge: str  # the city the chain passes through
+    gold: tuple[int, int]  # the facts the answer chains, in chain order: (the person's home, the city's flag)
+
+
+def probes(seed: int, count: int) -> list[Probe]:
+    """``count`` probes, deterministic in ``seed``."""
+    if count < 1:
+        raise ValueError(f"a probe run needs at least 1 probe, got {count}")
+    return [_probe(random.Random(f"probe:{seed}:{index}"), index) for index in range(count)]
+
+
+def _probe(rng: random.Random, index: int) -> Probe:
+    people, cities, colours = rng.sample(NAMES, PEOPLE), rng.sample(CITIES, PEOPLE), rng.sample(COLORS, PEOPLE)
+    homes = [f"{person} lives in {city}." for person, city in zip(people, cities, strict=True)]
+    flags = [f"The flag of {city} is {colour}." for city, colour in zip(cities, colours, strict=True)]
+    facts = homes + flags
+    rng.shuffle(facts)
+    asked = rng.randrange(PEOPLE)
+    gold = (facts.index(homes[asked]), facts.index(flags[asked]))
+    question = f"What colour is the flag of the city where {people[asked]} lives?"
+    return Probe(index, tuple(facts), question, colours[asked], cities[asked], gold)
+
+
+def solve(facts: tuple[str, ...], question: str) -> tuple[str, tuple[int, int]]:
+    """The answer and the two facts it chains, read from the facts' text alone."""
+    homes, flags = {}, {}
+    for number, fact in enumerate(facts):
+        if match := LIVES.match(fact):
+            homes[match[1]] = (match[2], number)
+        elif match := FLAG.match(fact):
+            flags[match[1]] = (match[2], number)
+        else:
+            raise ValueError(f"fact {number} is of neither form: {fact!r}")
+    asked = ASKED.match(question)
+    if asked is None:
+        raise ValueError(f"not a probe question: {question!r}")
+    city, home = homes[asked[1]]
+    colour, flag = flags[city]
+    return colour, (home, flag)

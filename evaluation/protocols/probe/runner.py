@@ -1,0 +1,211 @@
+"""The probe protocol: the model answers each probe, then every scorer ranks its sixteen facts.
+
+For each probe the model reads the prompt (``probe.prompt``) and answers greedily. One uncompressed prefill of the
+prompt and the answer (``engine.History``) then serves every scorer's own ``score`` of every position:
+
+- ``demonstrated utility``: ``RMMPress(lag=None)`` with Eq. 1's weights on the rows whose prediction is a token of
+  the model's own answer (its teacher-forced correctness against that answer: 1 for every greedy row) and 0 on
+  the prompt's rows, so only what the answer attended to counts;
+- ``demonstrated utility (confidence)``: the same rows weighed by the model's probability of its top-1 prediction;
+- ``h2o`` (``ObservedAttentionPress``: attention accumulated over every row), ``tova`` and ``snapkv``;
+- ``recency``: the facts by position, the newest first.
+
+Rows (``predictions.jsonl``, one per probe x scorer x k, resumable) score 1 when both gold facts rank in the top
+k of 16 (``probe.ranking``); a row's ``prediction`` is the scorer's order of the facts, ``model_answer`` the
+model's text. The scorecard splits them by whether the model answered correctly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from evaluation.errors import EvaluationError
+from evaluation.protocols.probe.facts import FACTS, Probe, probes
+from evaluation.protocols.probe.prompt import final_answer, prompt_ids
+from evaluation.protocols.probe.ranking import KS, RECENCY, both_in_top, fact_scores, gold_ranks, recency_scores
+from evaluation.protocols.synthetic.task import string_match
+from evaluation.reporting.conditions import Benchmark
+from evaluation.reporting.scorecard import scores_frame, summarize, write_scorecard
+from evaluation.runs.backends import LOCAL, Backend, Unit, run_units
+from evaluation.runs.models import ModelSettings
+from evaluation.runs.record import RunRecord
+from evaluation.runs.store import ResultStore
+
+PROTOCOL = "probe"
+DU, DU_CONFIDENCE = "demonstrated utility", "demonstrated utility (confidence)"
+SCORERS = (DU, DU_CONFIDENCE, "h2o", "tova", "snapkv", RECENCY)
+REFERENCE = "h2o"
+OVERALL, CORRECT, INCORRECT = "overall", "answered correctly", "answered incorrectly"
+RESULTS_DEFINING = ("model", "dtype", "attn_implementation", "device", "seed", "reasoning", "max_new_tokens")
+BLOCK = 20  # probes per unit of work
+
+
+@dataclass
+class ProbeConfig:
+    model: ModelSettings
+    seed: int
+    probes: int
+    reasoning: bool
+    output: Path
+    max_new_tokens: int = 40
+
+
+def top_label(k: int) -> str:
+    return f"top {k} of {FACTS}"
+
+
+def row_key(row: dict) -> tuple[int, str, str]:
+    return row["probe"], row["press"], row["budget"]
+
+
+def answer(model: PreTrainedModel, history, stop_ids: set[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """The model's greedy answer after the history's prompt, and its probability of each of those tokens."""
+    from evaluation.engine.decoding import decode
+    from evaluation.engine.hooks import cache_of
+
+    probabilities: list[float] = []
+
+    def record(logits: torch.Tensor) -> None:
+        probabilities.append(float(logits.float().softmax(-1).max()))
+
+    cache = cache_of([(layer.keys.clone(), layer.values.clone()) for layer in history.cache.layers])
+    empty = torch.empty(1, 0, dtype=torch.long)
+    ids = decode(model, cache, empty, history.length, max_new_tokens, stop_ids, history.newest_logits, record)
+    return ids, probabilities[: len(ids)]
+
+
+def answer_weights(prompt: int, length: int, weights: list[float]) -> torch.Tensor:
+    """Per position of a history of ``length``: ``weights`` on the rows that predict the answer's tokens (the
+    prompt's last row onwards), 0 before."""
+    full = torch.zeros(length)
+    full[prompt - 1 : prompt - 1 + len(weights)] = torch.tensor(weights)
+    return full
+
+
+def scorers(weights: torch.Tensor, confidence: torch.Tensor) -> dict:
+    from kvpress import ObservedAttentionPress, SnapKVPress
+
+    from presses import RMMPress, TOVAPress
+
+    return {
+        DU: RMMPress(correctness=weights),
+        DU_CONFIDENCE: RMMPress(correctness=confidence),
+        "h2o": ObservedAttentionPress(),
+        "tova": TOVAPress(),
+        "snapkv": SnapKVPress(),
+    }
+
+
+@torch.no_grad()
+def probe_rows(loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase], probe: Probe, config: ProbeConfig) -> list:
+    from evaluation.engine.decoding import eos_ids
+    from evaluation.engine.history import History
+
+    model, tokenizer = loaded
+    ids, spans = prompt_ids(tokenizer, probe, config.reasoning)
+    placeholder = scorers(torch.ones(1), torch.ones(1))
+    history = History(model, frozenset(), placeholder.values())
+    history.extend(ids, "prompt")
+    generated, probabilities = answer(model, history, eos_ids(model), config.max_new_tokens)
+    history.extend(generated, "answer")
+    prediction = tokenizer.decode(generated, skip_special_tokens=True).strip()
+    answered = bool(string_match(final_answer(prediction), probe.answer))
+    bridge = bool(string_match(prediction, probe.bridge))
+    correct = answered and (bridge or not config.reasoning)
+    forced = answer_weights(len(ids), history.length, [1.0] * len(generated))  # greedy: each top-1 is the token
+    confident = answer_weights(len(ids), history.length, probabilities)
+    ranked = {name: fact_scores(history.scores(press), spans) for name, press in scorers(forced, confident).items()}
+    ranked[RECENCY] = recency_scores(spans)
+    common = {
+        "probe": probe.index,
+        "correct": correct,
+        "answer_correct": answered,
+        "bridge_named": bridge,
+        "model_answer": prediction,
+        "answer": probe.answer,
+        "prompt_tokens": len(ids),
+        "answer_tokens": len(generated),
+        "mean_confidence": sum(probabilities) / len(probabilities) if probabilities else None,
+    }
+    rows = []
+    for name in SCORERS:
+        ranks = gold_ranks(ranked[name], probe.gold)
+        order = " ".join(str(f) for f in sorted(range(FACTS), key=lambda f: -ranked[name][f]))  # what it ranks
+        for k in KS:
+            label = top_label(k)
+            score = float(both_in_top(ranks, k))
+            rows.append({**common, "press": name, "budget": label, "budget_label": label, "score": score})
+            rows[-1].update(gold_ranks=ranks, prediction=order)
+    return rows
+
+
+def run_block(loaded, unit: Unit, store: ResultStore, config: ProbeConfig) -> None:
+    for probe in unit.payload:
+        if any(key not in store for key in unit_keys([probe])):
+            for row in probe_rows(loaded, probe, config):
+                if row_key(row) not in store:
+                    store.append(row)
+
+
+def unit_keys(block: list[Probe]) -> frozenset:
+    return frozenset((probe.index, name, top_label(k)) for probe in block for name in SCORERS for k in KS)
+
+
+def prepare(config: ProbeConfig) -> list[Probe]:
+    if config.probes < 1:
+        raise EvaluationError(f"--probes {config.probes} must be at least 1")
+    if config.max_new_tokens < 1:
+        raise EvaluationError(f"--max-new-tokens {config.max_new_tokens} must be at least 1")
+    return probes(config.seed, config.probes)
+
+
+def dry_run(config: ProbeConfig) -> str:
+    generated = prepare(config)
+    return "\n".join(
+        [
+            f"Probe: {len(generated)} probes (seed {config.seed}, {FACTS} facts each, reasoning "
+            f"{'on' if config.reasoning else 'off'}), model {config.model.name}",
+            f"scorers: {', '.join(SCORERS)}; both gold facts in the top {' / '.join(map(str, KS))} of {FACTS}",
+            f"prefills: {len(generated)} (one per probe, serving every scorer); decodes: {len(generated)} answers "
+            f"of at most {config.max_new_tokens} tokens",
+        ]
+    )
+
+
+def run(config: ProbeConfig, backend: Backend = LOCAL) -> Path:
+    generated = prepare(config)
+    settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
+    record = RunRecord(config.output, settings, RESULTS_DEFINING, protocol=PROTOCOL)
+    store = ResultStore(config.output / "predictions.jsonl", row_key)
+    blocks = [generated[start : start + BLOCK] for start in range(0, len(generated), BLOCK)]
+    units = [Unit(f"probes {b[0].index}-{b[-1].index}", b, unit_keys(b)) for b in blocks]
+    outcome = run_units(units, partial(run_block, config=config), config.model, store, backend)
+    write_probe_scorecard(config.output, store.rows)
+    record.finish(outcome, backend=backend.kind)
+    outcome.raise_failures(backend.retries)
+    return config.output
+
+
+def conditions(row: dict) -> list[str]:
+    return [OVERALL, CORRECT if row["correct"] else INCORRECT]
+
+
+BENCHMARK = Benchmark("Probe", conditions, lambda row: (row["probe"],), 100, 1, (OVERALL, CORRECT, INCORRECT))
+
+
+def write_probe_scorecard(output: Path, rows: list[dict]) -> None:
+    summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
+    note = (
+        f"Share of probes (%) whose two gold facts both rank in a scorer's top k of {FACTS}; each cell: mean [95% "
+        "bootstrap interval over probes] (n probes), split by whether the model answered correctly (the right "
+        "colour, and with reasoning the bridge city named). Scorers rank by their own press's score averaged over "
+        "each fact's tokens, layers and KV heads; ties count against the scorer. Demonstrated utility weighs only "
+        "the rows of the model's own answer (evaluation/protocols/probe/runner.py)."
+    )
+    labels = [top_label(k) for k in KS]
+    write_scorecard(output, summary, f"Probe: {output.name}", note, REFERENCE, list(SCORERS), labels)

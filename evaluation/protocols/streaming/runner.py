@@ -1,0 +1,494 @@
+"""The streaming protocol's run loop: before every question, re-compress the whole growing history to each budget
+with each press's own code, answer from the compressed copy, then append the turn to the history.
+
+A press the history serves (``evaluation.catalogue.needs``: its hook reads what the history stores) gets its cache
+from the history; any other press (one that runs forward passes of its own) re-prefills the whole history under
+itself before each question. Every row records its ``path``, and run.json how each press was served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from evaluation.catalogue.budgets import (
+    OVER_THE_CONTEXT,
+    Budget,
+    Cell,
+    budget_key,
+    budget_label,
+    press_cells,
+    ratio_for,
+)
+from evaluation.catalogue.needs import SHARED, describe, needs, question_position
+from evaluation.catalogue.specs import check_presses, make_press
+from evaluation.engine.decoding import decode_batch, eos_ids, generate
+from evaluation.engine.history import History
+from evaluation.engine.retention import RETAINED, answer_spans, retention
+from evaluation.errors import EvaluationError, PressCannotRun
+from evaluation.protocols.streaming.config import PLACEMENTS, RESULTS_DEFINING, TEACHER_FORCED_KINDS, StreamConfig
+from evaluation.protocols.streaming.episodes import Conversation, Question
+from evaluation.protocols.streaming.framing import Framing, Message
+from evaluation.protocols.streaming.placements import (
+    StreamItem,
+    asked_after_session,
+    asked_questions,
+    evidence_inside,
+    file_sessions,
+    newest_items,
+    select_conversations,
+    turn_room,
+)
+from evaluation.protocols.streaming.task import StreamTask, stream_task
+from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize, write_scorecard
+from evaluation.runs.backends import LOCAL, Backend, Unit, run_units
+from evaluation.runs.models import ModelSettings, context_length, local_model, what_loading_fetches
+from evaluation.runs.record import RunRecord
+from evaluation.runs.store import ResultStore
+from evaluation.runs.terminal import interactive
+
+REFERENCE = "h2o"
+
+
+def row_key(row: dict) -> tuple[str, int, str, str]:
+    return row["conversation"], row["question_index"], row["press"], row["budget"]
+
+
+def cell_key(conversation: Conversation, question: Question, cell: Cell) -> tuple[str, int, str, str]:
+    press, budget = cell
+    return conversation.sample_id, question.index, press, budget_key(budget)
+
+
+class ConversationRun:
+    """One conversation streamed through every cell; one shared history unless answers are the model's own."""
+
+    def __init__(
+        self, config: StreamConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cells: list[Cell]
+    ) -> None:
+        self.config, self.model, self.tokenizer, self.cells = config, model, tokenizer, cells
+        self.task = stream_task(config.task)
+        self.stop = eos_ids(model)
+        self.context = context_length(tokenizer, model.config)
+        self.kinds = TEACHER_FORCED_KINDS[config.rmm_weights]
+
+    def history(self, cells: list[Cell]) -> History:
+        return History(self.model, self.kinds, [make_press(name, 0.5) for name, _ in cells])
+
+    def run(self, conversation: Conversation, store: ResultStore, bar: tqdm) -> None:
+        self.conversation, self.store, self.bar = conversation, store, bar
+        questions = asked_questions(conversation, self.config)
+        if self.config.placement == "evidence":
+            self.stream_sessions(questions)
+        else:
+            self.stream_file_order(questions)
+
+    def stream_file_order(self, questions: list[Question]) -> None:
+        conversation = self.conversation
+        sessions = file_sessions(self.task, conversation, questions, self.tokenizer, self.context, self.config)
+        framing = Framing(self.tokenizer, self.task.text(conversation, sessions))
+        window = {session.number for session in sessions}
+        start_ids = framing.start_ids()
+        for budget in self.config.budgets:
+            if budget.kind == "tokens" and budget.value >= len(start_ids):
+                raise EvaluationError(
+                    f"budget {int(budget.value)} is not smaller than the history of {conversation.sample_id} "
+                    f"({len(start_ids)} tokens): nothing would be compressed"
+                )
+        shared = self.config.history == "gold"
+        for stream in [None] if shared else self.cells:  # one stream in gold mode, else one per cell, in turn
+            cells = self.cells if shared else [stream]
+            history, messages = self.history(cells), []
+            history.extend(start_ids, "conversation")
+            for turn, question in enumerate(questions):
+                prompt = self.task.question_prompt(conversation, question)
+                question_ids = framing.question_ids(messages, prompt)
+                if not self.task.told(question):
+                    self.ask(history, question_ids, question, cells, turn, window)
+                answer = (
+                    self.task.gold_answer(question)
+                    if shared
+                    else self.store.get(cell_key(conversation, question, stream)).get("prediction", "")
+                )
+                self.append_turn(framing, history, messages, question_ids, prompt, answer)
+            del history  # one full history alive at a time
+
+    def stream_sessions(self, questions: list[Question]) -> None:
+        """The evidence placement: sessions one by one, each question after the session of its last evidence."""
+        conversation = self.conversation
+        framing = Framing(self.tokenizer, self.task.header(conversation))
+        asked_after = {q.index: asked_after_session(conversation, q) for q in questions}
+        limit = self.config.max_history_tokens
+        if limit is None:
+            after = {n: [q for q in questions if asked_after[q.index] == n] for n in set(asked_after.values())}
+            rooms = (
+                turn_room(self.task, conversation, framing, group, self.config.max_new_tokens)
+                for group in after.values()
+            )
+            limit = self.context - max(rooms, default=0)
+        items: list[StreamItem] = []  # the stream so far
+        history, messages = self.rebuild(framing, items)
+        turn = 0
+        needed = max(asked_after.values(), default=0)  # the sessions after the last asked question change nothing
+        for session in (s for s in conversation.sessions if s.number <= needed):
+            text = self.task.render_session(session)
+            ids = framing.session_ids(messages, text)
+            if history.length + len(ids) > limit:
+                items = newest_items(items, framing, (limit // 2) - len(ids))
+                history, messages = self.rebuild(framing, items)
+                ids = framing.session_ids(messages, text)
+                if history.length + len(ids) > limit:
+                    raise EvaluationError(
+                        f"{conversation.sample_id}: session {session.number} ({len(ids)} tokens) does not fit in "
+                        f"{limit} history tokens: pass a larger --max-history-tokens (at most the model's context, "
+                        "unless the run is meant to read past it)"
+                    )
+            history.extend(ids, "conversation")
+            messages.append(("user", text))
+            items.append(("session", text, session.number))
+            window = {number for kind, _, number in items if kind == "session"}
+            for question in (q for q in questions if asked_after[q.index] == session.number):
+                prompt, gold = self.task.question_prompt(conversation, question), self.task.gold_answer(question)
+                question_ids = framing.question_ids(messages, prompt)
+                if not self.task.told(question):
+                    self.ask(history, question_ids, question, self.cells, turn, window)
+                self.append_turn(framing, history, messages, question_ids, prompt, gold)
+                items.append(("turn", (prompt, gold), session.number))
+                turn += 1
+
+    def rebuild(self, framing: Framing, items: list[StreamItem]) -> tuple[History, list[Message]]:
+        """A fresh history of the stream's ``items`` (one prefill per item, the teacher-forced kinds as usual)."""
+        history, messages = self.history(self.cells), []
+        history.extend(framing.start_ids(), "conversation")
+        for kind, content, _ in items:
+            if kind == "session":
+                history.extend(framing.session_ids(messages, content), "conversation")
+                messages.append(("user", content))
+            else:
+                prompt, answer = content
+                self.append_turn(framing, history, messages, framing.question_ids(messages, prompt), prompt, answer)
+        return history, messages
+
+    def ask(
+        self, history: History, question_ids: list[int], question: Question, cells: list[Cell], turn: int, window: set
+    ) -> None:
+        """Answer the cells that lack a row for ``question`` from ``history``, and store their rows."""
+        missing = [cell for cell in cells if cell_key(self.conversation, question, cell) not in self.store]
+        if missing:
+            visible = evidence_inside(question, window)
+            for row in self.answer(history, question_ids, question, missing, turn, visible):
+                self.store.append(row)
+                self.bar.update()
+
+    @staticmethod
+    def append_turn(
+        framing: Framing,
+        history: History,
+        messages: list[Message],
+        question_ids: list[int],
+        prompt: str,
+        answer: str,
+    ) -> None:
+        history.extend_segments([(question_ids, "question"), (framing.answer_ids(messages, prompt, answer), "answer")])
+        messages += [("user", prompt), ("assistant", answer)]
+
+    def answer(
+        self,
+        history: History,
+        question_ids: list[int],
+        question: Question,
+        cells: list[Cell],
+        turn: int,
+        visible: bool,
+    ) -> list[dict]:
+        """The rows of ``cells`` for one question. A press the history serves gets its cache from the history (its
+        own hook on the stored inputs), all of them decoded in one batch; any other press re-prefills the history
+        under itself (``generate``)."""
+        ratios = [ratio_for(budget, history.length) for _, budget in cells]
+        presses = [make_press(name, ratio, history.length) for (name, _), ratio in zip(cells, ratios, strict=True)]
+        caches, refused, starts = {}, {}, {}
+        for i, press in enumerate(presses):
+            if history.can_serve(press):
+                try:
+                    caches[i] = history.compress(press)
+                    starts[i] = question_position(press, history.length, caches[i].cache.get_seq_length())
+                except PressCannotRun as error:
+                    refused[i] = error
+                presses[i] = None  # its cache is built: nothing it holds is needed while decoding
+        held = {}
+        if self.task.retention:
+            spans = answer_spans(
+                history.token_ids, self.tokenizer.encode(str(question.answer), add_special_tokens=False)
+            )
+            held = {i: retention(history.cache, cache, spans) for i, cache in caches.items()}
+        asked = torch.tensor([question_ids])
+        generated = decode_batch(
+            self.model,
+            list(caches.values()),
+            asked,
+            list(starts.values()),
+            self.config.max_new_tokens,
+            self.stop,
+            consume=True,
+        )
+        tokens = dict(zip(caches, generated, strict=True))
+        kept = {i: cache.kept_tokens for i, cache in caches.items()}
+        paths = {i: SHARED for i in caches} | {i: needs(p).path for i, p in enumerate(presses) if p is not None}
+        context = torch.tensor([history.token_ids], device=self.model.device)
+        for i in (i for i in range(len(cells)) if i not in caches and i not in refused):
+            implementation = self.model.config._attn_implementation
+            if needs(presses[i]).reads_weights:
+                self.model.set_attn_implementation("eager")
+            try:
+                generation = generate(self.model, context, asked, presses[i], self.config.max_new_tokens, self.stop)
+                tokens[i], kept[i] = generation.token_ids, generation.kept_tokens
+            except PressCannotRun as error:
+                refused[i] = error
+            finally:
+                self.model.set_attn_implementation(implementation)
+        rows = [
+            self.failed_row(question, cell, turn, visible, history.length, refused[i])
+            if i in refused
+            else self.row(question, cell, ratios[i], history.length, kept[i], tokens[i], turn, visible, paths[i])
+            for i, cell in enumerate(cells)
+        ]
+        if self.task.retention:  # unknown (None) for a press on its own prefill
+            for i, row in enumerate(rows):
+                row["retention"] = held.get(i)
+        return rows
+
+    def failed_row(
+        self, question: Question, cell: Cell, turn: int, visible: bool, history_tokens: int, error: PressCannotRun
+    ) -> dict:
+        """A cell whose press refused this history: stored with the reason, counted in the scorecard as failed."""
+        press_name, budget = cell
+        return {
+            "conversation": self.conversation.sample_id,
+            "question_index": question.index,
+            "turn": turn,
+            "category": question.category,
+            "press": press_name,
+            "budget": budget_key(budget),
+            "budget_label": budget_label(budget, history_tokens),
+            "history_tokens": history_tokens,
+            "evidence_visible": visible,
+            "placement": self.config.placement,
+            "error": str(error).splitlines()[0],
+            "score": None,
+            **self.task.row_fields(self.conversation, question, self.tokenizer),
+        }
+
+    def row(
+        self,
+        question: Question,
+        cell: Cell,
+        ratio: float,
+        history_tokens: int,
+        kept_tokens: int,
+        generated: list[int],
+        turn: int,
+        visible: bool,
+        path: str,
+    ) -> dict:
+        press_name, budget = cell
+        prediction = self.tokenizer.decode(generated, skip_special_tokens=True).strip()
+        scored, score = self.task.scored(self.conversation, question, prediction)
+        return {
+            "conversation": self.conversation.sample_id,
+            "question_index": question.index,
+            "turn": turn,
+            "category": question.category,
+            "question": question.question,
+            "answer": question.answer,
+            "press": press_name,
+            "budget": budget_key(budget),
+            "budget_label": budget_label(budget, history_tokens),
+            "compression_ratio": ratio,
+            "history_tokens": history_tokens,
+            "kept_tokens": kept_tokens,
+            "evidence_visible": visible,
+            "placement": self.config.placement,
+            "history_mode": self.config.history,
+            "rmm_weights": self.config.rmm_weights,
+            "path": path,
+            "prediction": prediction,
+            "scored_prediction": scored,
+            "score": score,
+            **self.task.row_fields(self.conversation, question, self.tokenizer),
+        }
+
+
+def run_conversation(
+    loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+    unit: Unit,
+    store: ResultStore,
+    config: StreamConfig,
+    cells: list[Cell],
+) -> None:
+    """One unit: one conversation streamed through every cell, its finished answers read back from ``store``."""
+    model, tokenizer = loaded
+    conversation: Conversation = unit.payload
+    missing = sum(key not in store for key in unit.keys)
+    with tqdm(total=missing, desc=conversation.sample_id, unit="answer", leave=False, disable=not interactive()) as bar:
+        ConversationRun(config, model, tokenizer, cells).run(conversation, store, bar)
+
+
+def prepare(config: StreamConfig) -> tuple[dict[str, str], list[Conversation], list[Cell]]:
+    """Everything a run reads before the model: checked settings, the data's fingerprint, the conversations
+    and the cells."""
+    cells = checked_cells(config)
+    data_fingerprint, conversations = stream_task(config.task).load(config)
+    return data_fingerprint, select_conversations(conversations, config.conversations), cells
+
+
+def checked_cells(config: StreamConfig) -> list[Cell]:
+    """The settings checked, before any data: the stream's cells."""
+    check_presses(config.presses)
+    if config.placement not in PLACEMENTS:
+        raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
+    if config.placement == "evidence" and config.history != "gold":
+        raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
+    return press_cells(config.presses, config.budgets, "--budgets")
+
+
+def dry_run(config: StreamConfig) -> str:
+    """The stream and the work it takes, without a model, the network or a file written: where the data or the
+    model is not local, what a real run would fetch."""
+    task = stream_task(config.task)
+    fetched = [task.downloads(config), what_loading_fetches(config.model.name)]
+    if fetched[0]:
+        cells = checked_cells(config)
+        asked = f"{len(config.conversations)} conversations" if config.conversations else "every conversation"
+        lines = [
+            f"{task.benchmark.name} ({config.placement} placement, {config.history} history): {asked} x "
+            f"{len(cells)} cells (questions counted once the data is local), model {config.model.label}",
+            *grid_lines(cells),
+        ]
+    else:
+        lines = plan(config)
+    return "\n".join(lines + [f"a real run first fetches: {item}" for item in fetched if item])
+
+
+def grid_lines(cells: list[Cell]) -> list[str]:
+    return [f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells]
+
+
+def answered(conversation: Conversation, config: StreamConfig) -> list[Question]:
+    """The asked questions that get rows: every one but those the task only tells."""
+    told = stream_task(config.task).told
+    return [question for question in asked_questions(conversation, config) if not told(question)]
+
+
+def plan(config: StreamConfig) -> list[str]:
+    """The work of a stream whose data is local."""
+    _, conversations, cells = prepare(config)
+    questions = sum(len(answered(c, config)) for c in conversations)
+    histories = len(conversations) * (1 if config.history == "gold" else len(cells))
+    name = stream_task(config.task).benchmark.name
+    lines = [
+        f"{name} ({config.placement} placement, {config.history} history): {len(conversations)} conversations, "
+        f"{questions} questions x {len(cells)} cells = {questions * len(cells)} answers, model {config.model.label}",
+        *grid_lines(cells),
+        f"prefills: {histories} growing histories, extended by every session and turn (re-prefilled only at the "
+        "evidence placement's restarts when the context is full); a press on its own prefill re-prefills the history "
+        "before each of its questions",
+        f"decodes: {questions * len(cells)}, in {questions * histories // len(conversations)} batches, at most "
+        f"{config.max_new_tokens} tokens each",
+    ]
+    if config.placement == "file":
+        lines.append(file_visibility(config, conversations))
+    return lines
+
+
+def file_visibility(config: StreamConfig, conversations: list[Conversation]) -> str:
+    """For the file placement, how many asked questions have their evidence in the sessions that fit: it needs
+    the model's tokenizer and configuration only."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = local_model(config.model.name)
+    if path is None:
+        return f"evidence visibility: needs the tokenizer of {config.model.name}, which is not local"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        context = context_length(tokenizer, AutoConfig.from_pretrained(path))
+    except Exception as error:  # an unreachable hub id or a folder without a tokenizer: the plan stands without it
+        return f"evidence visibility: needs the tokenizer of {config.model.name} ({type(error).__name__})"
+    visible = total = 0
+    task = stream_task(config.task)
+    for conversation in conversations:
+        questions = asked_questions(conversation, config)
+        window = {s.number for s in file_sessions(task, conversation, questions, tokenizer, context, config)}
+        visible += sum(evidence_inside(question, window) for question in questions)
+        total += len(questions)
+    return f"evidence inside the history for {visible} of {total} questions ({100 * visible / max(total, 1):.0f}%)"
+
+
+def run(config: StreamConfig, backend: Backend = LOCAL) -> Path:
+    """Run (or resume) the streaming protocol and write predictions, scorecard and run.json."""
+    data_fingerprint, conversations, cells = prepare(config)
+    settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
+    settings["budgets"] = [b.key for b in config.budgets]
+    settings["data_fingerprint"] = data_fingerprint
+    settings["paths"] = {spec: describe(make_press(spec, 0.5)) for spec in config.presses}
+    defaults = {**ModelSettings().record(), "task": "locomo", "episodes": {}}  # what older runs did not record
+    record = RunRecord(config.output, settings, RESULTS_DEFINING, defaults, protocol=config.task)
+    store = ResultStore(config.output / "predictions.jsonl", row_key)
+    units = [
+        Unit(c.sample_id, c, frozenset(cell_key(c, q, cell) for q in answered(c, config) for cell in cells))
+        for c in conversations
+    ]
+    outcome = run_units(units, partial(run_conversation, config=config, cells=cells), config.model, store, backend)
+    write_stream_scorecard(stream_task(config.task), config.output, store.rows, config.presses, config.budgets)
+    record.finish(outcome, backend=backend.kind)
+    outcome.raise_failures(backend.retries)
+    return config.output
+
+
+def visibility(rows: list[dict]) -> str:
+    """How many of the questions had their evidence inside the history the model saw."""
+    questions = {(row["conversation"], row["question_index"]): row["evidence_visible"] for row in rows}
+    visible, total = sum(questions.values()), len(questions)
+    return f"evidence inside the history for {visible} of {total} questions ({100 * visible / total:.0f}%)"
+
+
+def evictions(rows: list[dict]) -> str:
+    """At each budget, for how many questions the history was longer than the budget (so the presses evicted)."""
+    over: dict[str, dict[tuple[str, int], bool]] = {}
+    for row in rows:
+        if row["press"] != "full" and not row.get("error"):
+            key = (row["conversation"], row["question_index"])
+            label = row["budget_label"].removesuffix(OVER_THE_CONTEXT)
+            over.setdefault(label, {})[key] = row["history_tokens"] > row["kept_tokens"]
+    counts = ", ".join(f"{sum(seen.values())} of {len(seen)} at {label}" for label, seen in over.items())
+    return f"the history exceeded the budget (the presses evicted) for {counts} questions" if over else ""
+
+
+def write_stream_scorecard(
+    task: StreamTask, output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]
+) -> None:
+    if rows:
+        frame = scores_frame(task.benchmark, rows)
+        if task.retention:
+            measured = [{**row, "score": row["retention"]} for row in rows if row.get("retention") is not None]
+            frame = pd.concat([frame, scores_frame(task.benchmark, measured, RETAINED)], ignore_index=True)
+        order = task.benchmark.order
+
+        def rank(name: str) -> int:
+            plain = name.removeprefix(RETAINED)
+            return (plain != name) * (len(order) + 1) + (order.index(plain) if plain in order else len(order))
+
+        frame = frame.sort_values("condition", key=lambda c: c.map(rank), kind="stable")
+        note = (
+            f"{task.metric}, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean "
+            f"[95% bootstrap interval over questions] (n){task.caveat}."
+        )
+        labels = [b.label for b in budgets]
+        summary = summarize(frame, REFERENCE)
+        title = f"{task.benchmark.name} streaming: {output.name}"
+        contrasts = contrast_table(task.benchmark, rows)
+        write_scorecard(output, summary, title, note, REFERENCE, presses, labels, contrasts=contrasts)

@@ -1,0 +1,317 @@
+"""The synthetic families as streamed datasets: generated from the run's settings, asked with their own
+prompts, scored by string match."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import asdict
+from functools import cache
+from typing import TYPE_CHECKING
+
+from evaluation.catalogue.specs import DEFAULT_PRESSES, parse_spec
+from evaluation.cli.options import whole
+from evaluation.errors import EvaluationError
+from evaluation.protocols.locomo.render import header, render_session
+from evaluation.protocols.streaming.config import StreamConfig
+from evaluation.protocols.streaming.episodes import Conversation, Question, Session
+from evaluation.protocols.streaming.task import StreamTask, register
+from evaluation.protocols.synthetic import memory, multiquery, reuse
+from evaluation.reporting.conditions import Benchmark, Contrast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+OVERALL = "overall"
+REUSE_CONDITIONS = {"first": "first ask", "reuse": "asked again", "fresh": "never asked (control)"}
+ORDERS = {1: "asked first", 2: "asked second"}
+REACH = {True: "the lag's window reaches the first use", False: "the lag's window misses the first use"}
+DOCUMENT_HEADER = "Read the document below. Questions about it follow.\n\n"
+
+
+def string_match(prediction: str, answer: str) -> float:
+    """1 when the answer appears in the prediction as a whole word or number (case-insensitive), else 0:
+    RULER's containment rule, except that "48213" does not count as holding "4821"."""
+    return float(re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", prediction, re.IGNORECASE) is not None)
+
+
+def sentence_answer(question: Question) -> str:
+    """The gold answer as the history records it: the question's subject and the value, as a sentence ("What is
+    the code of Mia's locker?" -> "The code of Mia's locker is 4821."). Whole sentences give a small model the
+    answer format from the turns before (measured on SmolLM2: 7 of 8 codes, against 3 of 8 for bare codes)."""
+    subject = question.question.removeprefix("What is ").removesuffix("?")
+    return f"{subject[0].upper()}{subject[1:]} is {question.answer}."
+
+
+def scored(conversation: Conversation, question: Question, prediction: str) -> tuple[str, float]:
+    return prediction, string_match(prediction, str(question.answer))
+
+
+PRESSES = (*DEFAULT_PRESSES, "rmm(lag=16)", "rmm(lag=64)", "rmm(lag=128)")  # lags below every budget
+
+
+def generated(
+    config: StreamConfig, generate: Callable[..., list[Conversation]]
+) -> tuple[dict[str, str], list[Conversation]]:
+    """The episodes of ``config.episodes`` and their fingerprint (a resumed run must regenerate the same)."""
+    try:
+        conversations = generate(**config.episodes)
+    except (TypeError, ValueError) as error:
+        raise EvaluationError(f"{config.task} episodes {config.episodes}: {error}") from error
+    text = json.dumps([asdict(conversation) for conversation in conversations], sort_keys=True)
+    return {"episodes": hashlib.sha256(text.encode()).hexdigest()}, conversations
+
+
+def render_document(session: Session) -> str:
+    return "\n".join(turn.text for turn in session.turns) + "\n\n"
+
+
+def length_of(conversation: Conversation) -> str:
+    """A multiquery episode's nominal document length, from its id (mq-<length>-<index>)."""
+    return conversation.sample_id.split("-")[1]
+
+
+def _benchmark(
+    name: str, conditions: Callable[[dict], list[str]], order: tuple[str, ...], contrasts: tuple[Contrast, ...] = ()
+) -> Benchmark:
+    return Benchmark(
+        name, conditions, lambda row: (row["conversation"], row["question_index"]), 100, 1, order, contrasts
+    )
+
+
+def add_generator_options(parser: argparse.ArgumentParser) -> None:
+    """A synthetic family's generator options; its episodes stream with the evidence placement and gold history."""
+    parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
+    parser.add_argument("--episodes", type=whole(1), default=8, help="episodes per setting (default 8)")
+
+
+def add_reuse_options(parser: argparse.ArgumentParser) -> None:
+    add_generator_options(parser)
+    parser.add_argument("--sessions", type=whole(2), default=6, help="sessions per episode (default 6)")
+    parser.add_argument("--facts", type=whole(2), default=2, help="codes stated per session (default 2)")
+    parser.add_argument("--lag", type=whole(1), default=1, help="sessions between a code's two asks (default 1)")
+
+
+def add_multiquery_options(parser: argparse.ArgumentParser) -> None:
+    add_generator_options(parser)
+    parser.add_argument(
+        "--lengths",
+        nargs="+",
+        type=whole(512),
+        default=[4096],
+        help="document tokens (default 4096; a document longer than the model's context needs "
+        "--max-history-tokens above it)",
+    )
+
+
+def streamed(episodes: dict) -> dict:
+    """The ``StreamConfig`` fields of a synthetic family: its generator settings, streamed like LoCoMo's evidence
+    placement with the gold history."""
+    return {
+        "conversations": None,
+        "placement": "evidence",
+        "history": "gold",
+        "data": None,
+        "episodes": episodes,
+    }
+
+
+def reuse_settings(args: argparse.Namespace) -> dict:
+    generator = {"seed": args.seed, "episodes": args.episodes, "sessions": args.sessions, "facts": args.facts}
+    return streamed({**generator, "lag": args.lag})
+
+
+def multiquery_settings(args: argparse.Namespace) -> dict:
+    return streamed({"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes})
+
+
+def first_use_distance(conversation: Conversation, question: Question, tokenizer: PreTrainedTokenizerBase) -> int:
+    """Positions from the last token of a code's statement to the first token of its first use: the first ask's
+    answer (a used code) or the session's own answer line about it (a control), in the history as the plain
+    framing renders it (a session, then the question after a newline; a chat template adds a few tokens between
+    them). A commit lag H counts that use in the code's demonstrated utility when this is at most H."""
+    number, turn = (int(part) for part in question.evidence[0].removeprefix("D").split(":"))
+    session = conversation.sessions[number - 1]
+    text = render_session(session)
+    statement = session.turns[turn - 1]
+    start = text.index(f'"{statement.text}"') + len(statement.text) + 2
+    if question.kind == "fresh":
+        use = session.turns[int(question.evidence[1].split(":")[1]) - 1]
+        between = text[start : text.index(f'{use.speaker} said, "{use.text}"')]
+    else:
+        asked = next(q for q in conversation.questions if q.kind == "first" and q.question == question.question)
+        between = text[start:] + "\n" + asked.question
+    return len(tokenizer.encode(between, add_special_tokens=False)) + 1
+
+
+def reuse_fields(conversation: Conversation, question: Question, tokenizer: PreTrainedTokenizerBase) -> dict:
+    fields = {"family": "reuse", "kind": question.kind, "pair": question.pair, "order": question.order}
+    if question.kind in ("reuse", "fresh"):
+        fields["first_use_distance"] = first_use_distance(conversation, question, tokenizer)
+    return fields
+
+
+@cache
+def spec_lag(spec: str) -> int | None:
+    """The commit lag of a press spec's ``RMMPress`` (``press_needs.commit_lag``), once per spec."""
+    from evaluation.catalogue.needs import commit_lag  # imports KVPress: not at the command line's start
+
+    return commit_lag(parse_spec(spec))
+
+
+def reuse_conditions(row: dict) -> list[str]:
+    """Overall, the row's kind, and for a reused code or its control the kind by order of asking and, for a
+    press with a finite commit lag, whether the lag's window reaches the code's first use."""
+    kind = REUSE_CONDITIONS[row["kind"]]
+    conditions = [OVERALL, kind]
+    if row["kind"] in ("reuse", "fresh"):
+        conditions.append(f"{kind}, {ORDERS[row['order']]}")
+        lag = spec_lag(row["press"])
+        if lag is not None:
+            conditions.append(f"{kind}, {REACH[row['first_use_distance'] <= lag]}")
+    return conditions
+
+
+REUSE_ORDER = (
+    OVERALL,
+    *REUSE_CONDITIONS.values(),
+    *(f"{REUSE_CONDITIONS[k]}, {o}" for k in ("reuse", "fresh") for o in ORDERS.values()),
+    *(f"{REUSE_CONDITIONS[k]}, {r}" for k in ("reuse", "fresh") for r in REACH.values()),
+)
+REUSE_CONTRASTS = (
+    Contrast(REUSE_CONDITIONS["reuse"], REUSE_CONDITIONS["fresh"], lambda row: (row["conversation"], row["pair"])),
+)
+
+REUSE = StreamTask(
+    name="reuse",
+    help="endogenous reuse: a code used at one turn is asked again sessions later, against matched controls",
+    description="Generate (from --seed) conversations that state lock codes session by session; each "
+    "session's code asked once (first), asked again --lag sessions later (reuse), and a same-age code never "
+    "asked before (fresh, the control). Streamed like LoCoMo's evidence placement, every press at every budget.",
+    load=lambda config: generated(config, reuse.reuse_episodes),
+    header=header,
+    render_session=render_session,
+    question_prompt=lambda conversation, question: question.question,
+    gold_answer=sentence_answer,
+    scored=scored,
+    benchmark=_benchmark("Reuse", reuse_conditions, REUSE_ORDER, REUSE_CONTRASTS),
+    metric="Accuracy (%, string match of the code)",
+    add_options=add_reuse_options,
+    settings=reuse_settings,
+    presses=PRESSES,
+    budgets=(256, 512),
+    max_new_tokens=24,
+    row_fields=reuse_fields,
+)
+
+MULTIQUERY = StreamTask(
+    name="multiquery",
+    help="shared-context multi-query: one long generated document, then several questions (kv, vt, needle)",
+    description="Generate (from --seed) documents of about --lengths tokens holding key-value records, "
+    "variable chains and needles among filler, then ask several questions about each, streamed like LoCoMo: "
+    "each question answered from the history re-compressed to each budget.",
+    load=lambda config: generated(config, multiquery.multiquery_episodes),
+    header=lambda conversation: DOCUMENT_HEADER,
+    render_session=render_document,
+    question_prompt=lambda conversation, question: question.question,
+    gold_answer=sentence_answer,
+    scored=scored,
+    benchmark=_benchmark(
+        "Multi-query",
+        lambda row: [OVERALL, f"{row['length']} context", row["kind"]],
+        (OVERALL, *multiquery.KINDS),
+    ),
+    metric="Accuracy (%, string match of the number)",
+    add_options=add_multiquery_options,
+    settings=multiquery_settings,
+    presses=PRESSES,
+    budgets=(1024, 2048),
+    max_new_tokens=24,
+    row_fields=lambda conversation, question, tokenizer: {
+        "family": "multiquery",
+        "kind": question.kind,
+        "length": length_of(conversation),
+    },
+)
+
+
+def add_memory_options(parser: argparse.ArgumentParser) -> None:
+    add_generator_options(parser)
+    parser.add_argument(
+        "--budget-facts", type=whole(1), default=20, help="K: the memory's budget in facts (default 20)"
+    )
+    parser.add_argument(
+        "--multiples",
+        nargs="+",
+        type=whole(1),
+        default=[2, 5, 10],
+        help="re-query when the stream has stated these multiples of K facts (default 2 5 10)",
+    )
+    parser.add_argument("--reuse-every", type=whole(2), default=10, help="one fact in this many is used (default 10)")
+    parser.add_argument(
+        "--queries", type=whole(1), default=3, help="used and never-used facts re-queried at each point (default 3)"
+    )
+
+
+def memory_settings(args: argparse.Namespace) -> dict:
+    generator = {"seed": args.seed, "episodes": args.episodes, "budget_facts": args.budget_facts}
+    return streamed(
+        {**generator, "multiples": args.multiples, "reuse_every": args.reuse_every, "queries": args.queries}
+    )
+
+
+def memory_conditions(row: dict) -> list[str]:
+    older = [f"{row['kind']}, {memory.OLDER}"] if row["older"] else []
+    return [OVERALL, row["kind"], *older, f"{row['kind']}, {row['multiple']}x the budget"]
+
+
+MEMORY = StreamTask(
+    name="memory",
+    help="the bounded-memory probe (section 7): facts stream past the budget, a few used, re-queried later",
+    description="Generate (from --seed) streams of one-line lock codes, --budget-facts x the largest of "
+    "--multiples in all; one fact in --reuse-every is used right after its session (its question and gold answer "
+    "join the history, unscored), the rest never recur. At each multiple of the budget, used and never-used facts "
+    "are re-queried. Each row also records the share of (layer, KV head) slots whose cache holds a copy of the "
+    "code.",
+    load=lambda config: generated(config, memory.memory_episodes),
+    header=lambda conversation: DOCUMENT_HEADER,
+    render_session=render_document,
+    question_prompt=lambda conversation, question: question.question,
+    gold_answer=sentence_answer,
+    scored=scored,
+    benchmark=_benchmark(
+        "Bounded memory",
+        memory_conditions,
+        (
+            OVERALL,
+            *(c for k in memory.KINDS for c in (k, f"{k}, {memory.OLDER}")),
+            *(f"{k}, {m}x the budget" for k in memory.KINDS for m in (2, 5, 10)),
+        ),
+    ),
+    metric="Accuracy (%, string match of the code; `answer held`: share of layer x KV head slots holding every "
+    "token of a copy of the code)",
+    add_options=add_memory_options,
+    settings=memory_settings,
+    presses=(
+        *DEFAULT_PRESSES,
+        "rmm(lag=32)",
+        "rmm(lag=128)",
+        "rmm(correctness='confidence')",
+        "rmm(lag=128,correctness='confidence')",
+    ),
+    budgets=(256,),
+    max_new_tokens=16,
+    row_fields=lambda conversation, question, tokenizer: {
+        "family": "memory",
+        "kind": question.kind,
+        "multiple": question.pair,
+        "older": memory.older_than_the_budget(conversation, question),
+    },
+    told=lambda question: question.kind == "use",
+    retention=True,
+)
+
+SYNTHETIC_TASKS = {task.name: register(task) for task in (REUSE, MULTIQUERY, MEMORY)}

@@ -1,0 +1,182 @@
+"""Eviction policies replayed on a trace, each the rule of a press, run by the press itself.
+
+At step t a policy evicts one of the held positions 0..t of each group. Every policy but Belady is a press:
+
+- stateless presses score positions 0..t through their own ``score``, on a stand-in layer whose only attribute
+  is the head count, handed the trace as eager attention weights of a prefill of those positions: the rows
+  0..t, or, for a press that reads only their column sums (``press_needs``: ``ObservedAttentionPress``, the
+  press the protocols call ``h2o``), those sums as the engine hands them, a one-row stand-in. So TOVA reads the
+  newest row (on a head-averaged trace, one group per layer, that is TOVA's rule; on a ``--per-kv-group``
+  trace, its per-KV-group form), SnapKV its window's rows, StreamingLLM nothing.
+  ``recent_window(h2o,window=W)`` (``RecentWindowPress``) is H2O's score with the W newest positions protected,
+  an H2O-style recent window;
+- RMM, whose smoother carries state from step to step, is driven one arrival at a time as ``DecodingPress``
+  drives it (``StreamedPress``): the lag sweep measures the very press users run. Beside each finite lag H > 0
+  runs its recency control, ``recent_window(h2o,window=H)``: the same H newest positions protected (RMM's
+  provisional buffer), the rest ranked by H2O's score (accumulated attention, as a mean over the rows that saw
+  it), so that the sweep separates the commit lag from recency (at H = 0 the control is ``h2o`` itself).
+
+Belady knows the future.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
+from kvpress.presses.base_press import BasePress
+
+from evaluation.catalogue.budgets import Budget
+from evaluation.catalogue.needs import budget_refusal, needs
+from evaluation.catalogue.specs import canonical, parse_spec
+from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
+from evaluation.protocols.traces.streamed import StreamedPress
+from presses import RMMPress, TOVAPress
+
+LAG_SWEEP = (0, 1, 4, 16, 64, 256)
+PROTECTED = torch.finfo(torch.float32).max  # +inf scores (never evict) stay above every unheld position
+
+
+@dataclass
+class LayerTrace:
+    """One layer's rows and the sums the policies read, shapes (groups, length, length)."""
+
+    rows: torch.Tensor
+    correct: torch.Tensor  # (length,)
+    threshold: float = DEFAULT_THRESHOLD
+    cumulative: torch.Tensor = field(init=False)  # [:, t, k] = sum of rows 0..t
+    next_use: torch.Tensor = field(init=False)  # [:, t, k] = the first step after t that uses k (length: never)
+
+    def __post_init__(self) -> None:
+        self.cumulative = self.rows.cumsum(1)
+        uses = self.rows >= self.threshold
+        next_use = torch.full_like(self.rows, self.length, dtype=torch.int32)
+        for t in range(self.length - 2, -1, -1):
+            next_use[:, t] = torch.where(uses[:, t + 1], t + 1, next_use[:, t + 1])
+        self.next_use = next_use
+
+    @property
+    def groups(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.rows.shape[1]
+
+
+class Policy:
+    name: str
+
+    def start(self, trace: LayerTrace, budget: int) -> None:
+        """Called once before step ``budget``, when positions 0..budget-1 are held."""
+
+    def refusal(self, budget: int) -> str:
+        """Why the policy cannot keep ``budget`` positions ("" when it can)."""
+        return ""
+
+    def evict(self, trace: LayerTrace, t: int, held: torch.Tensor) -> torch.Tensor:
+        """The position each group evicts at step t, (groups,); ``held`` (groups, t + 1) includes t."""
+        scores = self.scores(trace, t).float().clamp(max=PROTECTED)
+        return scores.masked_fill(~held, float("inf")).argmin(-1)
+
+    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
+        """Scores of positions 0..t at step t, (groups, t + 1): the lowest held one is evicted."""
+        raise NotImplementedError
+
+
+@dataclass
+class PressPolicy(Policy):
+    """A stateless KVPress scorer on trace rows as the eager weights of a prefill of positions 0..t (or their
+    column sums, for a press that reads only those)."""
+
+    name: str
+    press: BasePress
+    budget: int = field(default=0, init=False, repr=False)
+
+    @classmethod
+    def of(cls, spec: str) -> PressPolicy:
+        """The policy of a press spec, named by it."""
+        return cls(canonical(spec), parse_spec(spec))
+
+    def refusal(self, budget: int) -> str:
+        return budget_refusal(self.press, budget)
+
+    def start(self, trace: LayerTrace, budget: int) -> None:
+        self.budget = budget
+
+    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
+        n, groups = t + 1, trace.groups
+        layer = SimpleNamespace(config=SimpleNamespace(num_attention_heads=groups))
+        keys = torch.zeros(1, groups, n, 1)
+        if needs(self.press).reads_weights:
+            attentions = trace.cumulative[None, :, t : t + 1, :n]
+        else:
+            attentions = trace.rows[None, :, :n, :n]
+        self.press.compression_ratio = Budget("tokens", self.budget).compression_ratio(n)
+        return self.press.score(layer, torch.zeros(1, n, 1), keys, keys, attentions, {})[0]
+
+
+@dataclass
+class StreamedPolicy(Policy):
+    """RMM at a commit lag, its press run one arrival at a time on the trace (``StreamedPress``), with the
+    trace's teacher-forced correctness as row weights (or uniform ones)."""
+
+    name: str
+    lag: int | None
+    teacher_forced: bool = True
+    stream: StreamedPress | None = field(default=None, init=False, repr=False)
+
+    def refusal(self, budget: int) -> str:
+        return budget_refusal(RMMPress(lag=self.lag), budget)
+
+    def start(self, trace: LayerTrace, budget: int) -> None:
+        correctness = trace.correct[None] if self.teacher_forced else "uniform"
+        press = RMMPress(lag=self.lag, correctness=correctness)
+        self.stream = StreamedPress(press, budget, trace.rows[:, :budget, :budget])
+
+    def evict(self, trace: LayerTrace, t: int, held: torch.Tensor) -> torch.Tensor:
+        before = torch.cat([self.stream.held, torch.full((trace.groups, 1), t)], dim=1)
+        after = self.stream.step(t, trace.rows[:, t].gather(1, before))
+        gone = ~(before[:, :, None] == after[:, None, :]).any(-1)
+        return before[gone]
+
+
+class BeladyPolicy(Policy):
+    """Belady's offline optimum: evict the position whose next use is farthest in the future."""
+
+    name = "belady"
+
+    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
+        return -trace.next_use[:, t, : t + 1].float()
+
+
+def default_policies(h2o_window: int = H2O_WINDOW) -> list[Policy]:
+    return [
+        PressPolicy("tova", TOVAPress(per_kv_group=True)),
+        PressPolicy("h2o", ObservedAttentionPress()),
+        *([PressPolicy.of(recency_control(h2o_window))] if h2o_window else []),
+        PressPolicy("snapkv", SnapKVPress()),
+        PressPolicy("streaming_llm", StreamingLLMPress()),
+        StreamedPolicy("rmm", None),
+        BeladyPolicy(),
+    ]
+
+
+def sweep_name(lag: int) -> str:
+    """A lag-sweep policy's name: the spec of the press it runs."""
+    return f"rmm(lag={lag})"
+
+
+def recency_control(window: int) -> str:
+    """The spec of H2O with its ``window`` newest positions protected: at ``window`` = H, the control of
+    ``rmm(lag=H)``."""
+    return f"recent_window(h2o,window={window})"
+
+
+def lag_sweep(h2o_window: int = H2O_WINDOW) -> list[Policy]:
+    """RMM at every lag of the sweep and, beside each finite lag H > 0, its recency control (one policy per name:
+    the control at ``h2o_window`` is a default policy already)."""
+    controls = [PressPolicy.of(recency_control(lag)) for lag in LAG_SWEEP if lag and lag != h2o_window]
+    return [StreamedPolicy(sweep_name(lag), lag) for lag in LAG_SWEEP] + controls

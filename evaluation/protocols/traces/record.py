@@ -1,0 +1,137 @@
+"""Attention traces: the per-step attention of a model reading a real text, from one full-cache prefill.
+
+Row t of a layer's trace is the attention of query t over positions 0..t, which is exactly what step t of
+decoding with the full cache would see. Rows are averaged over all query heads (one group) or over the query
+heads of each KV group, and computed chunk by chunk from queries and keys. Each row also carries its
+teacher-forced correctness (is the model's top-1 prediction at t the actual token t + 1? the last row: 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from evaluation.errors import EvaluationError
+from evaluation.protocols.locomo.data import load_conversations
+from evaluation.protocols.locomo.render import render_conversation
+from evaluation.protocols.longbench.data import load_task
+from evaluation.runs.models import cache_root
+from presses.attention import attention_rows, group_mean
+from presses.prefix import forward_capturing
+from presses.teacher_forcing import teacher_forced_correctness
+
+SOURCES = ("multi_news", "locomo")
+
+
+@dataclass
+class Trace:
+    name: str
+    token_ids: list[int]
+    correct: torch.Tensor  # (length,) teacher-forced correctness of each row
+    layers: list[torch.Tensor]  # per layer (groups, length, length): row t = step t's attention, zero after t
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+@torch.no_grad()
+def record(model: PreTrainedModel, token_ids: list[int], name: str, per_kv_group: bool = False) -> Trace:
+    """One full-cache prefill of ``token_ids``; every layer's attention rows and every row's correctness."""
+    ids = torch.tensor([token_ids], device=model.device)
+    cache = DynamicCache()
+    hidden, captured = forward_capturing(model, ids, cache, 0)
+    correct = teacher_forced_correctness(model.get_output_embeddings(), hidden, ids)[0].cpu()
+    layers = []
+    for index, layer in enumerate(model.model.layers):
+        layer_input, rotary = captured[index]
+        keys = cache.layers[index].keys
+        groups = keys.shape[1] if per_kv_group else 1
+        rows = torch.zeros(groups, len(token_ids), len(token_ids))
+        chunks = attention_rows(layer.self_attn, layer_input, keys, None, {"position_embeddings": rotary}).chunks
+        for first, probs in chunks:
+            rows[:, first : first + probs.shape[2], : probs.shape[-1]] = group_mean(probs, groups)[0].cpu()
+        layers.append(rows)
+    return Trace(name, token_ids, correct, layers)
+
+
+def source_file(spec: str, data_root: Path) -> Path:
+    """The data file a trace text comes from (``--data``: the folder holding longbench/ and locomo/)."""
+    source, _ = parse_source(spec)
+    path = data_root / ("longbench/multi_news.jsonl" if source == "multi_news" else "locomo/locomo10.json")
+    if not path.is_file():
+        raise EvaluationError(f"{path} not found: pass --data, the folder holding longbench/ and locomo/")
+    return path
+
+
+def source_text(spec: str, data_root: Path) -> str:
+    """A real text of the shared data: ``multi_news:N``, LongBench multi_news context number N, or
+    ``locomo:SAMPLE_ID``, the LoCoMo conversation rendered as the LoCoMo protocol renders it."""
+    source, index = parse_source(spec)
+    path = source_file(spec, data_root)
+    if source == "multi_news":
+        contexts = [example.context for example in load_task(path.parent, "multi_news")]
+        if not index.isdigit() or int(index) >= len(contexts):
+            raise EvaluationError(f"multi_news has contexts 0..{len(contexts) - 1}; got {index!r}")
+        return contexts[int(index)]
+    conversations = {c.sample_id: c for c in load_conversations(path)}
+    if index not in conversations:
+        raise EvaluationError(f"unknown LoCoMo conversation {index!r}; the data holds {', '.join(conversations)}")
+    return render_conversation(conversations[index], conversations[index].sessions)
+
+
+def parse_source(spec: str) -> tuple[str, str]:
+    source, _, index = spec.partition(":")
+    if source not in SOURCES or not index:
+        raise EvaluationError(f"trace text {spec!r} must be multi_news:N or locomo:SAMPLE_ID (e.g. multi_news:0)")
+    return source, index
+
+
+def trace_name(model_name: str, spec: str, length: int, per_kv_group: bool) -> str:
+    return f"{Path(model_name).name}_{spec.replace(':', '-')}_{length}_{'kv-groups' if per_kv_group else 'heads'}"
+
+
+def load_or_record(
+    model_loader: Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]],
+    model_name: str,
+    spec: str,
+    length: int,
+    per_kv_group: bool,
+    data_root: Path,
+) -> Trace:
+    """The named trace from the cache, else recorded (with ``model_loader()``) and cached; deterministic.
+
+    The cache file is named by a hash of the model's full name, the trace's name and the text itself, so other data
+    under the same name is recorded anew."""
+    name = trace_name(model_name, spec, length, per_kv_group)
+    text = source_text(spec, data_root)
+    key = hashlib.sha256(f"{model_name}|{name}|{text}".encode()).hexdigest()[:16]
+    path = cache_root() / "traces" / f"{key}.pt"  # named by the hash alone: no user text reaches the path
+    if path.is_file():
+        try:
+            stored = torch.load(path, weights_only=True)
+            return Trace(name, stored["token_ids"], stored["correct"], list(stored["layers"]))
+        except Exception as error:  # a torn or foreign file: torch raises many kinds
+            raise EvaluationError(
+                f"the trace cache file {path} is unreadable ({error}): delete it to record again"
+            ) from error
+    model, tokenizer = model_loader()
+    token_ids = text_tokens(tokenizer, text, length, spec)
+    trace = record(model, token_ids, name, per_kv_group)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    torch.save({"token_ids": trace.token_ids, "correct": trace.correct, "layers": trace.layers}, staging)
+    staging.replace(path)
+    return trace
+
+
+def text_tokens(tokenizer: PreTrainedTokenizerBase, text: str, length: int, spec: str) -> list[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) < length:
+        raise EvaluationError(f"{spec} has {len(ids)} tokens, fewer than --length {length}: pick a longer text")
+    return ids[:length]

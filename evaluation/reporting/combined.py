@@ -1,0 +1,149 @@
+"""One scorecard across benchmarks (``python -m evaluation scorecard``): every (condition, budget, press) of
+any mix of LongBench, LoCoMo and trace runs with a 95% bootstrap interval over examples, and against a
+reference press the paired difference, its verdict (win, tie: the interval contains 0, loss) and the wins /
+ties / losses per press, as in the paper's Figure 3. A press name is its spec, so one name is one press in every
+run; a run's benchmark is the protocol its run.json records; runs that hold the same example twice are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.errors import EvaluationError
+from evaluation.reporting.conditions import Benchmark
+from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize, write_scorecard
+from evaluation.runs.store import read_rows
+
+
+def benchmark_of(protocol: str) -> Benchmark | None:
+    """The benchmark of a protocol or streamed task, by the name its run.json records."""
+    from evaluation.protocols.longbench.runner import BENCHMARK as LONGBENCH
+    from evaluation.protocols.longbench.runner import PROTOCOL as LONGBENCH_PROTOCOL
+    from evaluation.protocols.streaming.task import tasks
+    from evaluation.protocols.traces.runner import BENCHMARK as TRACES
+    from evaluation.protocols.traces.runner import PROTOCOL as TRACES_PROTOCOL
+
+    streamed = {name: task.benchmark for name, task in tasks().items()}
+    return {LONGBENCH_PROTOCOL: LONGBENCH, TRACES_PROTOCOL: TRACES, **streamed}.get(protocol)
+
+
+def load_runs(run_dirs: list[Path]) -> tuple[list[tuple[Benchmark, list[dict]]], list[str]]:
+    """The runs to pool (each folder once, all of one model: name and precision, and runs of one protocol under
+    one setting), and those whose last session has not finished (still running, or cut off): their rows so far."""
+    seen = [run.resolve() for run in run_dirs]
+    twice = sorted({str(run) for run in seen if seen.count(run) > 1})
+    if twice:
+        raise EvaluationError(f"run {', '.join(twice)} is given twice: its examples would count twice")
+    loaded = [load_run(run) for run in run_dirs]
+    records = {run: record for run, (_, _, record) in zip(run_dirs, loaded, strict=True)}
+    check_same_settings(records)
+    models = {run: (str(r["config"].get("model")), str(r["config"].get("dtype"))) for run, r in records.items()}
+    if len(set(models.values())) > 1:
+        listed = "; ".join(f"{run}: {' '.join(model)}" for run, model in models.items())
+        raise EvaluationError(f"the runs are of different models ({listed}): pool the runs of one model")
+    partial = [str(run) for run, record in records.items() if not finished(record)]
+    return [(benchmark, rows) for benchmark, rows, _ in loaded], partial
+
+
+def finished(record: dict) -> bool:
+    """Whether a run's last session finished (False while it runs, or after it was cut off)."""
+    return bool(record["sessions"]) and bool(record["sessions"][-1].get("finished"))
+
+
+POOLED_SETTINGS = (  # what changes every score of a protocol's run, beside the model: runs that differ stay apart
+    "dtype",
+    "attn_implementation",
+    "query_aware",
+    "max_length",
+    "placement",
+    "history",
+    "rmm_weights",
+    "max_new_tokens",
+    "max_history_tokens",
+)
+
+
+def check_same_settings(records: dict[Path, dict]) -> None:
+    """Runs of one protocol are pooled only under the same results-defining settings."""
+    first: dict[str, tuple[Path, dict]] = {}
+    for run, record in records.items():
+        config, protocol = record["config"], record.get("protocol", "")
+        if protocol not in first:
+            first[protocol] = (run, config)
+            continue
+        other, seen = first[protocol]
+        for key in POOLED_SETTINGS:
+            if key in config and key in seen and config[key] != seen[key]:
+                raise EvaluationError(
+                    f"{other} and {run} are {protocol} runs with {key} {seen[key]!r} and {config[key]!r}: pool runs "
+                    "of one setting (write a scorecard per setting)"
+                )
+
+
+def load_run(run_dir: Path) -> tuple[Benchmark, list[dict], dict]:
+    """A run folder's benchmark, rows and run.json record."""
+    from evaluation.runs.record import read_record
+
+    record_path = run_dir / "run.json"
+    if not record_path.is_file():
+        raise EvaluationError(f"{record_path} not found: is {run_dir} a run folder?")
+    record = read_record(record_path)
+    protocol = record.get("protocol", "")
+    benchmark = benchmark_of(protocol)
+    if benchmark is None:
+        raise EvaluationError(
+            f"{record_path}: unknown protocol {protocol!r}; is {run_dir} a run folder of this project?"
+        )
+    rows = read_rows(run_dir / "predictions.jsonl")
+    if not rows:
+        raise EvaluationError(f"{run_dir}: no predictions yet")
+    try:
+        scores_frame(benchmark, rows)
+    except (KeyError, TypeError) as error:
+        raise EvaluationError(
+            f"{run_dir}/predictions.jsonl: rows without {error} are not {benchmark.name} rows, which its run.json "
+            "names: the folder mixes protocols"
+        ) from None
+    except ValueError as error:
+        raise EvaluationError(f"{run_dir}/predictions.jsonl: {error}") from None
+    return benchmark, rows, record
+
+
+def write_combined(
+    output: Path,
+    runs: list[tuple[Benchmark, list[dict]]],
+    reference: str,
+    resamples: int,
+    seed: int,
+    partial: list[str] | None = None,
+) -> pd.DataFrame:
+    """The combined scorecard under ``output``: ``scorecard.{md,csv}``, ``scorecard.png`` and ``forest.png``;
+    ``partial`` names runs whose rows are not all in yet."""
+    frame = pd.concat([scores_frame(b, rows, f"{b.name} ") for b, rows in runs], ignore_index=True)
+    twice = frame[frame.duplicated(["condition", "budget", "press", "example"])]
+    if not twice.empty:
+        first = twice.iloc[0]
+        raise EvaluationError(
+            f"the runs overlap: {first['press']} at {first['budget']} on {first['condition']} example "
+            f"{first['example']} is in two of them; give each example once"
+        )
+    if not (frame["press"] == reference).any():
+        raise EvaluationError(f"the reference press {reference!r} is in none of the runs")
+    order = {f"{b.name} {condition}": i for b, _ in runs for i, condition in enumerate(b.order)}
+    frame["rank"] = frame["condition"].map(order).fillna(len(order))
+    frame = frame.sort_values("rank", kind="stable").drop(columns="rank")
+    try:
+        summary = summarize(frame, reference, resamples, seed)
+    except ValueError as error:
+        raise EvaluationError(str(error)) from error
+    note = (
+        f"Mean [95% bootstrap interval over examples, {resamples} resamples, seed {seed}] (n). Below, each press "
+        f"against {reference} on the examples both ran: the paired difference, its interval and the verdict."
+    )
+    if partial:
+        note += f" Partial: {', '.join(partial)} had not finished (still running, or cut off): its rows so far."
+    tables = [contrast_table(b, rows, f"{b.name}: ", resamples, seed) for b, rows in runs if b.contrasts]
+    contrasts = pd.concat(tables, ignore_index=True) if tables else None
+    write_scorecard(output, summary, f"Scorecard against {reference}", note, reference, contrasts=contrasts)
+    return summary

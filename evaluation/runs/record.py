@@ -1,0 +1,133 @@
+"""``run.json``: the configuration, package versions, git commit, model, device and wall times of a run."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import platform
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from evaluation.errors import EvaluationError, first_line
+
+if TYPE_CHECKING:
+    from evaluation.runs.backends import Outcome
+
+PACKAGES = ("torch", "transformers", "kvpress", "kv-eviction-toolkit")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def git_commit() -> str | None:
+    """The commit of this checkout, with ``-dirty`` when it has uncommitted changes; None outside git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
+def fingerprint(*paths: Path) -> dict[str, str]:
+    """The sha256 of each data file a run reads, by file name: a resumed run must read the same data."""
+    digests = {}
+    for path in paths:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        digests[path.name] = digest.hexdigest()
+    return digests
+
+
+class RunRecord:
+    """Owns a run folder for one session: a lock that a crashed run does not leave held (the operating system
+    releases it with the process), and ``run.json``, written before the first cell and updated when the session
+    ends. A folder holding a run with other results-defining settings (or other data) is refused; ``defaults``
+    stand for settings an older run.json does not record; ``protocol`` names the protocol or streamed task."""
+
+    def __init__(
+        self, output: Path, config: dict, defining: tuple[str, ...], defaults: dict | None = None, protocol: str = ""
+    ) -> None:
+        self.path = output / "run.json"
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+            self.lock = (output / ".lock").open("a")
+        except OSError as error:
+            raise EvaluationError(f"cannot write to {output} ({error.strerror}): pass another --output") from error
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as error:
+            self.lock.close()
+            raise EvaluationError(
+                f"another run is writing to {output} right now: wait for it to finish or pass another --output"
+            ) from error
+        self.record = read_record(self.path) if self.path.exists() else {"config": config, "sessions": []}
+        stored = {**(defaults or {}), **self.record["config"]}  # a setting recorded before it existed: its default
+        changed = {key: (stored.get(key), config.get(key)) for key in defining}
+        changed = {key: pair for key, pair in changed.items() if pair[0] != pair[1]}
+        if changed:
+            self.lock.close()
+            details = ", ".join(f"{key}: stored {old!r}, asked {new!r}" for key, (old, new) in changed.items())
+            raise EvaluationError(f"{output} holds a run with other settings ({details}); pass another --output.")
+        self.record["config"] = config
+        self.record["protocol"] = protocol  # the scorecard's key to the run's benchmark
+        self.started = time.time()
+        self.session = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
+            "finished": False,
+            "config": config,  # each session's own grid: a resume may ask for a part of what the folder holds
+            "versions": package_versions(),
+            "git_commit": git_commit(),
+        }
+        self.record["sessions"].append(self.session)
+        self.write()
+
+    def write(self) -> None:
+        staging = self.path.with_suffix(".json.tmp")
+        staging.write_text(json.dumps(self.record, indent=2) + "\n")
+        staging.replace(self.path)
+
+    def finish(self, outcome: Outcome, **extra: object) -> None:
+        """Complete this session's entry (units run, wall time, each unit's seconds, device...) and release the
+        folder."""
+        self.session.update(
+            finished=True,
+            wall_seconds=round(time.time() - self.started, 1),
+            units_run=outcome.ran,
+            unit_seconds=outcome.unit_seconds,
+        )
+        self.session.update(extra)
+        self.record["total_wall_seconds"] = round(sum(s.get("wall_seconds", 0) for s in self.record["sessions"]), 1)
+        self.write()
+        self.lock.close()
+
+
+def read_record(path: Path) -> dict:
+    """A folder's run.json; a damaged one is an error that says what to do (the predictions are kept)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        reason = "" if isinstance(record, dict) and isinstance(record.get("config"), dict) else "no settings"
+        if not reason and not isinstance(record.get("sessions"), list):
+            reason = "no sessions"
+    except (OSError, ValueError) as error:
+        reason = first_line(error)
+    if reason:
+        raise EvaluationError(
+            f"{path} is damaged ({reason}), so the settings of the finished cells are unknown: restore it from a "
+            "copy, or run into a new --output"
+        )
+    return record

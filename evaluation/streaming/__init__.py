@@ -1,5 +1,0 @@
-"""The streaming multi-turn protocol, for any dataset registered as a ``StreamTask``: the history grows session by
-session and turn by turn, and before every question it is re-compressed to each budget with each press's own code.
-``config`` (the settings), ``task`` (what a dataset contributes, and the registry), ``placements`` (where the
-questions go), ``runner`` (the run loop). LoCoMo (``evaluation.locomo``) and the synthetic families
-(``evaluation.synthetic``) are tasks registered with it."""
