@@ -73,10 +73,11 @@ def ray_workers(args: argparse.Namespace) -> dict:
 def shared_against_per_cell(args: argparse.Namespace) -> dict:
 
     from evaluation.catalogue.budgets import parse_budgets, press_cells
-    from evaluation.cli.main import DEFAULT_RATIOS
+    from evaluation.protocols.longbench.cells import prompt_budget, run_cell, run_shared
+    from evaluation.protocols.longbench.config import LongBenchConfig
     from evaluation.protocols.longbench.data import load_configs, load_task
     from evaluation.protocols.longbench.prompts import build_prompt
-    from evaluation.protocols.longbench.runner import LongBenchConfig, prompt_budget, run_cell, run_shared
+    from evaluation.protocols.longbench.protocol import DEFAULT_RATIOS
     from evaluation.runs.models import ModelSettings
     from evaluation.runs.terminal import quiet_libraries
 

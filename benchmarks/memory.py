@@ -41,7 +41,8 @@ except ImportError:  # a reference tree from before evaluation/runs/terminal.py
 from evaluation.catalogue.budgets import Budget, press_cells
 from evaluation.protocols.longbench.data import load_configs, load_task
 from evaluation.protocols.longbench.prompts import build_prompt
-from evaluation.protocols.longbench.runner import LongBenchConfig, run_shared
+from evaluation.protocols.longbench.cells import run_shared
+from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.runs.models import ModelSettings
 
 quiet_libraries()

@@ -299,10 +299,11 @@ def test_every_error_the_cli_raises_reaches_the_user_as_one_line(monkeypatch, ca
     the command line prints any message (one quoting a several-line inner error too) as one line, exit 2."""
     import ast
 
+    import evaluation
     import evaluation.cli.main as cli
     from evaluation.errors import EvaluationError
 
-    root = Path(cli.__file__).parent
+    root = Path(evaluation.__file__).parent
     raises = 0
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -15,7 +15,8 @@ from evaluation.catalogue.specs import DEFAULT_PRESSES, make_press
 from evaluation.engine.decoding import decode_batch, generate
 from evaluation.engine.history import History
 from evaluation.protocols.streaming.config import StreamConfig
-from evaluation.protocols.streaming.runner import ConversationRun, row_key
+from evaluation.protocols.streaming.conversation import ConversationRun
+from evaluation.protocols.streaming.protocol import row_key
 from evaluation.protocols.traces.record import record
 from evaluation.runs.store import MemoryStore
 from presses import RMMPress, TOVAPress
@@ -96,26 +97,25 @@ def test_decoding_under_decoding_press(devices, make):
 def stream(model) -> list[str]:
     """The LoCoMo conversation of the protocol tests, evidence placement, every default press at 200 tokens."""
     from evaluation.protocols.locomo.data import parse_conversation
+    from evaluation.protocols.locomo.task import LOCOMO, LocomoSettings
     from evaluation.runs.models import ModelSettings
 
     tokenizer = byte_tokenizer(CHAT_TEMPLATE)
     config = StreamConfig(
         model=ModelSettings(),
+        task="locomo",
         presses=STREAMED,
         budgets=[Budget("tokens", 200)],
-        conversations=None,
         max_turns=None,
         max_history_tokens=None,
-        history="gold",
         rmm_weights="answers",
-        data=None,
         output=None,
         max_new_tokens=4,
-        placement="evidence",
+        settings=LocomoSettings(conversations=None, placement="evidence", history="gold", data=None),
     )
     cells = press_cells(config.presses, config.budgets, "")
     store = MemoryStore(row_key, [])
-    run = ConversationRun(config, model, tokenizer, cells)
+    run = ConversationRun(config, LOCOMO, model, tokenizer, cells)
     run.run(parse_conversation(CONVERSATION), store, type("Bar", (), {"update": lambda self: None})())
     return [row["prediction"] for row in store.rows]
 

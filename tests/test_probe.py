@@ -10,8 +10,9 @@ from evaluation.cli.main import main
 from evaluation.engine.history import History
 from evaluation.protocols.probe.facts import FACTS, FLAG, LIVES, probes, solve
 from evaluation.protocols.probe.prompt import final_answer, prompt_ids
+from evaluation.protocols.probe.protocol import SCORERS, ProbeConfig
 from evaluation.protocols.probe.ranking import both_in_top, fact_scores, gold_ranks, recency_scores
-from evaluation.protocols.probe.runner import SCORERS, ProbeConfig, answer_weights, probe_rows
+from evaluation.protocols.probe.work import answer_weights, probe_rows
 from evaluation.runs.models import ModelSettings
 from presses import RMMPress
 from tests.helpers import byte_tokenizer, tiny_model

@@ -80,7 +80,7 @@ def test_ray_with_two_workers_equals_the_local_backend_byte_for_byte(ray_instanc
 
 def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(ray_instance, model_dir, data, tmp_path, monkeypatch):
     """The worker running the second example dies once, mid-unit; a fresh worker reruns that unit."""
-    from evaluation.protocols.longbench import runner
+    from evaluation.protocols.longbench import cells as runner
 
     marker, real = tmp_path / "killed-once", runner.run_example
 
@@ -104,7 +104,7 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(ray_instance, mode
 def test_a_unit_that_always_fails_is_reported_and_the_rest_are_saved(
     ray_instance, model_dir, data, tmp_path, capsys, monkeypatch
 ):
-    from evaluation.protocols.longbench import runner
+    from evaluation.protocols.longbench import cells as runner
 
     real = runner.run_example
 

@@ -38,7 +38,7 @@ def test_a_second_run_into_the_same_folder_is_refused_while_the_first_writes(mod
 def test_run_json_is_written_before_the_first_cell(model_dir, data_dir, tmp_path, monkeypatch):  # noqa: F811
     import gc
 
-    import evaluation.protocols.longbench.runner as runner
+    import evaluation.runs.loop as loop
 
     output = tmp_path / "run"
 
@@ -50,7 +50,7 @@ def test_run_json_is_written_before_the_first_cell(model_dir, data_dir, tmp_path
         )
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "run_units", crash)
+    monkeypatch.setattr(loop, "run_units", crash)
     with pytest.raises(KeyboardInterrupt) as crashed:
         longbench(model_dir, data_dir, output)
     del crashed
@@ -252,7 +252,7 @@ def test_an_error_that_is_no_refusal_stops_the_run_loudly_and_the_rerun_resumes(
     first example's rows stay, and the same command finishes the rest."""
     import torch
 
-    import evaluation.protocols.longbench.runner as runner
+    import evaluation.protocols.longbench.cells as runner
 
     output, calls, decode = tmp_path / "run", [], runner.decode_batch
 

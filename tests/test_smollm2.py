@@ -23,7 +23,7 @@ from evaluation.protocols.longbench.prompts import build_prompt
 from evaluation.protocols.traces.policies import LayerTrace, default_policies
 from evaluation.protocols.traces.record import load_or_record
 from evaluation.protocols.traces.replay import recent_share, replay
-from evaluation.protocols.traces.runner import held_counts, per_layer
+from evaluation.protocols.traces.work import held_counts, per_layer
 from evaluation.runs.models import SMOLLM2_ALIAS
 from presses import RMMPress, TOVAPress
 from presses.ordered_scorer_press import kept_indices

@@ -6,26 +6,23 @@ run; a run's benchmark is the protocol its run.json records; runs that hold the 
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pandas as pd
 
 from evaluation.errors import EvaluationError
+from evaluation.protocols.protocol import protocols
 from evaluation.reporting.conditions import Benchmark
 from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize, write_scorecard
+from evaluation.runs.record import read_record
 from evaluation.runs.store import read_rows
 
 
 def benchmark_of(protocol: str) -> Benchmark | None:
-    """The benchmark of a protocol or streamed task, by the name its run.json records."""
-    from evaluation.protocols.longbench.runner import BENCHMARK as LONGBENCH
-    from evaluation.protocols.longbench.runner import PROTOCOL as LONGBENCH_PROTOCOL
-    from evaluation.protocols.streaming.task import tasks
-    from evaluation.protocols.traces.runner import BENCHMARK as TRACES
-    from evaluation.protocols.traces.runner import PROTOCOL as TRACES_PROTOCOL
-
-    streamed = {name: task.benchmark for name, task in tasks().items()}
-    return {LONGBENCH_PROTOCOL: LONGBENCH, TRACES_PROTOCOL: TRACES, **streamed}.get(protocol)
+    """The benchmark of a protocol, by the name its run.json records."""
+    known = protocols().get(protocol)
+    return known.benchmark if known is not None else None
 
 
 def load_runs(run_dirs: list[Path]) -> tuple[list[tuple[Benchmark, list[dict]]], list[str]]:
@@ -83,8 +80,6 @@ def check_same_settings(records: dict[Path, dict]) -> None:
 
 def load_run(run_dir: Path) -> tuple[Benchmark, list[dict], dict]:
     """A run folder's benchmark, rows and run.json record."""
-    from evaluation.runs.record import read_record
-
     record_path = run_dir / "run.json"
     if not record_path.is_file():
         raise EvaluationError(f"{record_path} not found: is {run_dir} a run folder?")
@@ -147,3 +142,11 @@ def write_combined(
     contrasts = pd.concat(tables, ignore_index=True) if tables else None
     write_scorecard(output, summary, f"Scorecard against {reference}", note, reference, contrasts=contrasts)
     return summary
+
+
+def command(args: argparse.Namespace) -> int:
+    """``python -m evaluation scorecard``."""
+    runs, partial = load_runs(args.runs)
+    write_combined(args.output, runs, args.reference, args.resamples, args.seed, partial)
+    print(f"scorecard: {args.output / 'scorecard.md'}")
+    return 0

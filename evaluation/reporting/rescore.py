@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,3 +57,9 @@ def category_of(path: Path, line: int, category: object) -> int:
         return int(category)
     except (TypeError, ValueError):
         raise EvaluationError(f"{path}: line {line}: category {category!r} is not LoCoMo's 1 to 5") from None
+
+
+def command(args: argparse.Namespace) -> int:
+    """``python -m evaluation score``."""
+    print(json.dumps(rescore(args.benchmark, args.file, args.per_row)))
+    return 0

@@ -18,9 +18,15 @@ from matplotlib.lines import Line2D
 from evaluation.catalogue.budgets import OVER_THE_CONTEXT
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.reporting.conditions import Benchmark, Contrast
-from evaluation.reporting.intervals import MIN_EXAMPLES_FOR_INTERVAL, MIN_PAIRS, bootstrap, paired
+from evaluation.reporting.intervals import (
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
+    MIN_EXAMPLES_FOR_INTERVAL,
+    MIN_PAIRS,
+    bootstrap,
+    paired,
+)
 
-RESAMPLES, SEED = 10_000, 0
 VERDICT_COLORS = {"win": "#1b9e77", "tie": "#7f7f7f", "loss": "#d95f02"}
 MARKERS = "osD^vP*Xhp<>d8"
 
@@ -68,7 +74,9 @@ def baseline_name(against: str) -> str:
     return "the full cache" if against == FULL_CACHE else against
 
 
-def summarize(frame: pd.DataFrame, reference: str, resamples: int = RESAMPLES, seed: int = SEED) -> pd.DataFrame:
+def summarize(
+    frame: pd.DataFrame, reference: str, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED
+) -> pd.DataFrame:
     """Per (condition, budget, press): mean, 95% bootstrap interval, n, failed cells, and the paired difference
     on the examples both ran, its interval and verdict, against ``reference`` at the same condition and budget
     (``diff``, ``diff_low``, ``diff_high``, ``verdict``) and against the full cache (``full_``...). A verdict is
@@ -142,7 +150,11 @@ def compare(cell: pd.DataFrame, base: pd.DataFrame, label: str, resamples: int, 
 
 
 def contrast_table(
-    benchmark: Benchmark, rows: list[dict], prefix: str = "", resamples: int = RESAMPLES, seed: int = SEED
+    benchmark: Benchmark,
+    rows: list[dict],
+    prefix: str = "",
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
 ) -> pd.DataFrame:
     """Per contrast, budget and press: both conditions' means over the matched pairs, the paired difference with
     its interval and a verdict as ``compare`` gives it (win: the first condition scores higher)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.metrics.locomo import CATEGORIES, PAPER_ORDER, score
@@ -15,9 +16,11 @@ from evaluation.protocols.locomo.render import (
     render_session,
     resolve_choice,
 )
+from evaluation.protocols.protocol import DEFINING
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question
-from evaluation.protocols.streaming.task import StreamTask, register
+from evaluation.protocols.streaming.protocol import register_task
+from evaluation.protocols.streaming.task import StreamTask
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.record import fingerprint
 
@@ -41,13 +44,24 @@ BENCHMARK = Benchmark(
 )
 
 
+@dataclass
+class LocomoSettings:
+    """LoCoMo's own settings: which conversations, where the questions go, whose answers join the history, and
+    the data file."""
+
+    conversations: list[str] | None
+    placement: str = field(metadata=DEFINING)
+    history: str = field(metadata=DEFINING)
+    data: str | None
+
+
 def load(config: StreamConfig) -> tuple[dict[str, str], list[Conversation]]:
-    path = resolve_path(config.data)
+    path = resolve_path(config.settings.data)
     return fingerprint(path), load_conversations(path)
 
 
 def downloads(config: StreamConfig) -> str:
-    return "" if local_path(config.data) else f"locomo10.json from {LOCOMO_URL}"
+    return "" if local_path(config.settings.data) else f"locomo10.json from {LOCOMO_URL}"
 
 
 def locomo_scored(conversation: Conversation, question: Question, prediction: str) -> tuple[str, float]:
@@ -71,16 +85,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--history", choices=["gold", "model"], default="gold", help="answer appended after each turn")
 
 
-def settings(args: argparse.Namespace) -> dict:
-    return {
-        "conversations": args.conversations,
-        "placement": args.placement,
-        "history": args.history,
-        "data": args.data,
-    }
+def settings(args: argparse.Namespace) -> LocomoSettings:
+    return LocomoSettings(args.conversations, args.placement, args.history, args.data)
 
 
-LOCOMO = register(
+LOCOMO = register_task(
     StreamTask(
         name="locomo",
         help="LoCoMo streaming multi-turn protocol: re-compress the growing history before every question",

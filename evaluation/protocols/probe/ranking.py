@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 KS = (2, 4)
-RECENCY = "recency"
 
 
 def fact_scores(layer_scores: list[torch.Tensor], spans: list[tuple[int, int]]) -> list[float]:

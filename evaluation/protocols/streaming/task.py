@@ -1,34 +1,31 @@
-"""What a dataset contributes to the streaming protocol (``StreamTask``), and the registry of tasks.
+"""What a dataset contributes to the streaming protocol (``StreamTask``).
 
-A task module defines its ``StreamTask`` and calls ``register``; ``tasks()`` imports the task modules the project
-ships, so the command line builds one subcommand per registered task and the combined scorecard finds a run's
-task by the name its run.json records.
+A task module defines its ``StreamTask`` and registers it as a protocol of its own
+(``evaluation.protocols.streaming.protocol.register_task``): one subcommand per task, each with its own options
+and its own typed settings.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from evaluation.errors import EvaluationError
-from evaluation.protocols.streaming.config import StreamConfig
+from evaluation.protocols.streaming.config import StreamConfig, StreamSettings
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session
 from evaluation.reporting.conditions import Benchmark
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-TASK_MODULES = ("evaluation.protocols.locomo.task", "evaluation.protocols.synthetic.task")
-
 
 @dataclass(frozen=True)
 class StreamTask:
     """A streamed dataset: its conversations, their text, the questions' prompts and gold answers, the scoring
     rule, the scorecard's conditions, and its command line (``add_options`` adds its own options; ``settings``
-    turns them into ``StreamConfig`` fields; ``presses``, ``budgets`` and ``max_new_tokens`` are its defaults)."""
+    turns them into the task's own settings, ``StreamConfig.settings``; ``presses``, ``budgets`` and
+    ``max_new_tokens`` are its defaults)."""
 
     name: str
     help: str
@@ -42,7 +39,7 @@ class StreamTask:
     benchmark: Benchmark
     metric: str  # the scorecard note's opening words
     add_options: Callable[[argparse.ArgumentParser], None]
-    settings: Callable[[argparse.Namespace], dict]
+    settings: Callable[[argparse.Namespace], StreamSettings]
     presses: tuple[str, ...]
     budgets: tuple[int, ...]
     max_new_tokens: int
@@ -59,25 +56,3 @@ class StreamTask:
 
     def text(self, conversation: Conversation, sessions: list[Session]) -> str:
         return self.header(conversation) + "".join(self.render_session(session) for session in sessions)
-
-
-_REGISTRY: dict[str, StreamTask] = {}
-
-
-def register(task: StreamTask) -> StreamTask:
-    _REGISTRY[task.name] = task
-    return task
-
-
-def tasks() -> dict[str, StreamTask]:
-    """Every registered task, by name (the shipped task modules are imported first)."""
-    for module in TASK_MODULES:
-        importlib.import_module(module)
-    return dict(_REGISTRY)
-
-
-def stream_task(name: str) -> StreamTask:
-    known = tasks()
-    if name not in known:
-        raise EvaluationError(f"unknown streamed dataset {name!r}; known: {', '.join(known)}")
-    return known[name]

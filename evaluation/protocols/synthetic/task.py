@@ -8,17 +8,19 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from evaluation.catalogue.specs import DEFAULT_PRESSES, parse_spec
 from evaluation.cli.options import whole
 from evaluation.errors import EvaluationError
 from evaluation.protocols.locomo.render import header, render_session
+from evaluation.protocols.protocol import DEFINING
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session
-from evaluation.protocols.streaming.task import StreamTask, register
+from evaluation.protocols.streaming.protocol import register_task
+from evaluation.protocols.streaming.task import StreamTask
 from evaluation.protocols.synthetic import memory, multiquery, reuse
 from evaluation.reporting.conditions import Benchmark, Contrast
 
@@ -56,11 +58,11 @@ PRESSES = (*DEFAULT_PRESSES, "rmm(lag=16)", "rmm(lag=64)", "rmm(lag=128)")  # la
 def generated(
     config: StreamConfig, generate: Callable[..., list[Conversation]]
 ) -> tuple[dict[str, str], list[Conversation]]:
-    """The episodes of ``config.episodes`` and their fingerprint (a resumed run must regenerate the same)."""
+    """The episodes of ``config.settings.episodes`` and their fingerprint (a resumed run must regenerate the same)."""
     try:
-        conversations = generate(**config.episodes)
+        conversations = generate(**config.settings.episodes)
     except (TypeError, ValueError) as error:
-        raise EvaluationError(f"{config.task} episodes {config.episodes}: {error}") from error
+        raise EvaluationError(f"{config.task} episodes {config.settings.episodes}: {error}") from error
     text = json.dumps([asdict(conversation) for conversation in conversations], sort_keys=True)
     return {"episodes": hashlib.sha256(text.encode()).hexdigest()}, conversations
 
@@ -107,24 +109,27 @@ def add_multiquery_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def streamed(episodes: dict) -> dict:
-    """The ``StreamConfig`` fields of a synthetic family: its generator settings, streamed like LoCoMo's evidence
-    placement with the gold history."""
-    return {
-        "conversations": None,
-        "placement": "evidence",
-        "history": "gold",
-        "data": None,
-        "episodes": episodes,
-    }
+@dataclass
+class GeneratedSettings:
+    """A synthetic family's own settings: its generator's, its episodes streamed like LoCoMo's evidence placement
+    with the gold history, every episode asked."""
+
+    episodes: dict = field(metadata=DEFINING)
+    conversations: ClassVar[None] = None
+    placement: ClassVar[str] = "evidence"
+    history: ClassVar[str] = "gold"
 
 
-def reuse_settings(args: argparse.Namespace) -> dict:
+def streamed(episodes: dict) -> GeneratedSettings:
+    return GeneratedSettings(episodes)
+
+
+def reuse_settings(args: argparse.Namespace) -> GeneratedSettings:
     generator = {"seed": args.seed, "episodes": args.episodes, "sessions": args.sessions, "facts": args.facts}
     return streamed({**generator, "lag": args.lag})
 
 
-def multiquery_settings(args: argparse.Namespace) -> dict:
+def multiquery_settings(args: argparse.Namespace) -> GeneratedSettings:
     return streamed({"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes})
 
 
@@ -256,7 +261,7 @@ def add_memory_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def memory_settings(args: argparse.Namespace) -> dict:
+def memory_settings(args: argparse.Namespace) -> GeneratedSettings:
     generator = {"seed": args.seed, "episodes": args.episodes, "budget_facts": args.budget_facts}
     return streamed(
         {**generator, "multiples": args.multiples, "reuse_every": args.reuse_every, "queries": args.queries}
@@ -314,4 +319,4 @@ MEMORY = StreamTask(
     retention=True,
 )
 
-SYNTHETIC_TASKS = {task.name: register(task) for task in (REUSE, MULTIQUERY, MEMORY)}
+SYNTHETIC_TASKS = {task.name: register_task(task) for task in (REUSE, MULTIQUERY, MEMORY)}

@@ -1,4 +1,4 @@
-"""The trace protocol: record attention traces of real texts, replay every policy at every budget against
+"""The eviction lab's work: record attention traces of real texts, replay every policy at every budget against
 Belady, sweep RMM's commit lag, and write the scorecard, the plots and the paper's controlled model.
 
 Rows (``predictions.jsonl``, one per trace x policy x budget x metric, resumable) hold the metric's mean over
@@ -7,7 +7,6 @@ layers as ``score`` and its value per layer; the scorecard's examples are the tr
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Budget
 from evaluation.errors import EvaluationError
-from evaluation.protocols.traces import H2O_WINDOW, controlled
+from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.traces import controlled
 from evaluation.protocols.traces.policies import (
     LAG_SWEEP,
     LayerTrace,
@@ -29,37 +29,17 @@ from evaluation.protocols.traces.policies import (
     recency_control,
     sweep_name,
 )
+from evaluation.protocols.traces.protocol import BENCHMARK, METRICS, SUMMARY, Traces, TracesConfig
 from evaluation.protocols.traces.record import Trace, load_or_record, source_file, source_text, trace_name
 from evaluation.protocols.traces.replay import Replay, recent_share, replay
-from evaluation.reporting.conditions import Benchmark
-from evaluation.reporting.scorecard import scores_frame, summarize, write_scorecard
-from evaluation.runs.backends import LOCAL, Backend, Unit, run_units
-from evaluation.runs.models import ModelSettings
-from evaluation.runs.record import RunRecord, fingerprint
+from evaluation.reporting.scorecard import scores_frame, summarize
+from evaluation.reporting.scorecard import write_scorecard as write_card
+from evaluation.runs.backends import Unit
+from evaluation.runs.record import fingerprint
 from evaluation.runs.store import ResultStore
 from evaluation.runs.terminal import interactive
 
-METRICS = ("retained_mass", "heavy_hitter_recall", "hit_rate")
 RECENT, FIRST = 64, 4  # the TOVA seed's claim: the 64 most recent and the 4 first positions stay held
-RESULTS_DEFINING = ("model", "dtype", "length", "per_kv_group", "threshold", "h2o_window", "data_fingerprint")
-SUMMARY = "summary"
-
-
-@dataclass
-class TracesConfig:
-    model: ModelSettings
-    texts: list[str]
-    length: int
-    budgets: list[int]
-    per_kv_group: bool
-    threshold: float
-    data_root: Path
-    output: Path
-    h2o_window: int = H2O_WINDOW
-
-
-def row_key(row: dict) -> tuple[str, str, str, str]:
-    return row["trace"], row["press"], row["budget"], row["metric"]
 
 
 def held_counts(held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,74 +110,10 @@ def unit_keys(config: TracesConfig, spec: str) -> frozenset:
     return frozenset(keys | {(name, "", "", SUMMARY)})
 
 
-def prepare(config: TracesConfig) -> list[tuple[Policy, int]]:
-    """The checked settings and every policy x budget a trace is replayed at."""
-    for spec in config.texts:
-        source_text(spec, config.data_root)
-    if any(b < 64 or b >= config.length for b in config.budgets):
-        raise EvaluationError(f"budgets must be at least 64 (SnapKV's window) and below --length {config.length}")
-    if not 0 <= config.h2o_window < min(config.budgets):
-        raise EvaluationError(f"--h2o-window {config.h2o_window} must be in [0, the smallest budget)")
-    if not 0 < config.threshold < 1:
-        raise EvaluationError(f"--threshold {config.threshold} must be in (0, 1): the attention that counts as a use")
-    return replay_cells(config)
-
-
-def dry_run(config: TracesConfig) -> str:
-    """The replays and the work they take, without a model."""
-    cells = prepare(config)
-    return "\n".join(
-        [
-            f"Traces: {len(config.texts)} texts of {config.length} tokens ({' '.join(config.texts)}), model "
-            f"{config.model.name}: {len(cells)} policy x budget replays each",
-            *(f"  {policy.name} @ {budget}" for policy, budget in cells),
-            f"prefills: {len(config.texts)} (one per trace, skipped when the trace is cached); decodes: none",
-        ]
-    )
-
-
-def run(config: TracesConfig, backend: Backend = LOCAL) -> Path:
-    prepare(config)
-    settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
-    settings["data_root"] = str(config.data_root)
-    settings["data_fingerprint"] = fingerprint(*sorted({source_file(spec, config.data_root) for spec in config.texts}))
-    record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record(), protocol=PROTOCOL)
-    store = ResultStore(config.output / "predictions.jsonl", row_key)
-    units = [Unit(spec, spec, unit_keys(config, spec)) for spec in config.texts]
-    outcome = run_units(units, partial(run_trace, config=config), config.model, store, backend)
-    write_traces_scorecard(config.output, store.rows, config.budgets, config.h2o_window)
-    record.finish(outcome, backend=backend.kind)
-    outcome.raise_failures(backend.retries)
-    return config.output
-
-
 def replay_cells(config: TracesConfig) -> list[tuple[Policy, int]]:
     """Every policy (the lag sweep included) at every budget it can run at."""
     policies = default_policies(config.h2o_window) + lag_sweep(config.h2o_window)
     return [(policy, budget) for budget in config.budgets for policy in policies if not policy.refusal(budget)]
-
-
-def conditions(row: dict) -> list[str]:
-    """The scorecard conditions a trace row counts in: its metric (a trace's summary row counts in none)."""
-    return [] if row["metric"] == SUMMARY else [row["metric"]]
-
-
-BENCHMARK = Benchmark("Traces", conditions, lambda row: (row["trace"],), 1, 3, METRICS)
-REFERENCE = "h2o"
-PROTOCOL = "traces"
-
-
-def write_traces_scorecard(output: Path, rows: list[dict], budgets: list[int], h2o_window: int) -> None:
-    labels = [Budget("tokens", b).label for b in budgets]
-    policies = [p.name for p in default_policies(h2o_window) + lag_sweep(h2o_window)]
-    summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
-    note = (
-        "Trace metrics, mean over layers; each cell: mean [95% bootstrap interval over traces] (n traces). With "
-        "two texts an interval describes those two texts, not a population."
-    )
-    write_scorecard(output, summary, f"Traces: {output.name}", note, REFERENCE, policies, labels)
-    plot_lag_sweep(output / "lag_sweep.png", summary, labels)
-    controlled.run(output)
 
 
 def plot_lag_sweep(path: Path, summary: pd.DataFrame, labels: list[str]) -> None:
@@ -236,3 +152,50 @@ def plot_lag_sweep(path: Path, summary: pd.DataFrame, labels: list[str]) -> None
     axes.legend(title="budget", fontsize=8)
     axes.grid(alpha=0.3)
     figure.savefig(path)
+
+
+def checked(config: TracesConfig) -> list[tuple[Policy, int]]:
+    """The checked settings and every policy x budget a trace is replayed at."""
+    for spec in config.texts:
+        source_text(spec, config.data_root)
+    if any(b < 64 or b >= config.length for b in config.budgets):
+        raise EvaluationError(f"budgets must be at least 64 (SnapKV's window) and below --length {config.length}")
+    if not 0 <= config.h2o_window < min(config.budgets):
+        raise EvaluationError(f"--h2o-window {config.h2o_window} must be in [0, the smallest budget)")
+    if not 0 < config.threshold < 1:
+        raise EvaluationError(f"--threshold {config.threshold} must be in (0, 1): the attention that counts as a use")
+    return replay_cells(config)
+
+
+def dry_run(protocol: Traces, config: TracesConfig) -> str:
+    cells = checked(config)
+    return "\n".join(
+        [
+            f"Traces: {len(config.texts)} texts of {config.length} tokens ({' '.join(config.texts)}), model "
+            f"{config.model.name}: {len(cells)} policy x budget replays each",
+            *(f"  {policy.name} @ {budget}" for policy, budget in cells),
+            f"prefills: {len(config.texts)} (one per trace, skipped when the trace is cached); decodes: none",
+        ]
+    )
+
+
+def plan(protocol: Traces, config: TracesConfig) -> Plan:
+    checked(config)
+    files = sorted({source_file(spec, config.data_root) for spec in config.texts})
+    settings = {"data_root": str(config.data_root), "data_fingerprint": fingerprint(*files)}
+    units = [Unit(spec, spec, unit_keys(config, spec)) for spec in config.texts]
+    return Plan(units, partial(run_trace, config=config), settings, ("data_fingerprint",))
+
+
+def write_scorecard(protocol: Traces, config: TracesConfig, rows: list[dict]) -> None:
+    output, budgets, h2o_window = config.output, config.budgets, config.h2o_window
+    labels = [Budget("tokens", b).label for b in budgets]
+    policies = [p.name for p in default_policies(h2o_window) + lag_sweep(h2o_window)]
+    summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
+    note = (
+        "Trace metrics, mean over layers; each cell: mean [95% bootstrap interval over traces] (n traces). With "
+        "two texts an interval describes those two texts, not a population."
+    )
+    write_card(output, summary, f"Traces: {output.name}", note, REFERENCE, policies, labels)
+    plot_lag_sweep(output / "lag_sweep.png", summary, labels)
+    controlled.run(output)

@@ -10,64 +10,29 @@ row records the path that produced it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from functools import partial
-from pathlib import Path
-
-import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.catalogue.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
+from evaluation.catalogue.budgets import Budget, budget_key, budget_label, ratio_for
 from evaluation.catalogue.needs import SHARED, compresses_while_decoding, describe, needs, question_position
-from evaluation.catalogue.specs import FULL_CACHE, check_presses, make_press
+from evaluation.catalogue.specs import make_press
 from evaluation.engine.decoding import decode_batch, eos_ids, generate
 from evaluation.engine.history import History
-from evaluation.errors import EvaluationError, PressCannotRun
+from evaluation.errors import PressCannotRun
 from evaluation.metrics.longbench import sample_score
+from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import (
-    CONFIG_FILES,
     Example,
     TaskConfig,
-    check_tasks,
-    load_configs,
-    load_task,
-    local_data_dir,
-    resolve_data_dir,
-    what_a_run_downloads,
 )
-from evaluation.protocols.longbench.degeneracy import degeneracy_lines
 from evaluation.protocols.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
-from evaluation.reporting.conditions import Benchmark
-from evaluation.reporting.scorecard import scores_frame, summarize, write_scorecard
-from evaluation.runs.backends import LOCAL, Backend, Unit, run_units
-from evaluation.runs.models import ModelSettings, context_length, what_loading_fetches
-from evaluation.runs.record import RunRecord, fingerprint
+from evaluation.runs.backends import Unit
+from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
 
 CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
-RESULTS_DEFINING = ("model", "dtype", "attn_implementation", "device", "query_aware", "max_length", "data_fingerprint")
-
-
-@dataclass
-class LongBenchConfig:
-    model: ModelSettings
-    tasks: list[str]
-    presses: list[str]
-    budgets: list[Budget]
-    n: int | None
-    query_aware: bool
-    data_dir: str | None
-    output: Path
-    max_length: int | None = None
-    path: str = "shared"
 
 
 ExampleCell = tuple[Example, str, Budget | None]  # one example, one press, one budget
-PATHS = ("shared", "per-cell")
-
-
-def row_key(row: dict) -> tuple[str, str, str, str]:
-    return row["task"], row["id"], row["press"], row["budget"]
 
 
 def cell_key(cell: ExampleCell) -> tuple[str, str, str, str]:
@@ -262,115 +227,3 @@ def run_example(
             store.append(row)
     for press_name, budget in (cell for cell in todo if cell not in shared):
         store.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
-
-
-def checked_cells(config: LongBenchConfig) -> list[Cell]:
-    """The settings checked, before any data: the grid's cells."""
-    check_tasks(config.tasks)
-    check_presses(config.presses)
-    if config.path not in PATHS:
-        raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
-    return press_cells(config.presses, config.budgets, "--ratios or --budgets")
-
-
-def prepare(config: LongBenchConfig) -> tuple[Path, dict[str, TaskConfig], list[Example], list[Cell]]:
-    """Everything a run reads before the model: checked settings, the data, the task configs and the cells."""
-    cells = checked_cells(config)
-    data_dir = resolve_data_dir(config.data_dir, config.tasks)
-    task_configs = load_configs(data_dir, config.tasks)
-    examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
-    return data_dir, task_configs, examples, cells
-
-
-def dry_run(config: LongBenchConfig) -> str:
-    """The grid and the work it takes, without a model, the network or a file written: where the data or the
-    model is not local, what a real run would fetch."""
-    cells = checked_cells(config)
-    data_dir = local_data_dir(config.data_dir, config.tasks)
-    known, answer_tokens, fetched = None, None, [what_a_run_downloads(config.tasks)]
-    if data_dir is not None:
-        task_configs = load_configs(data_dir, config.tasks)
-        examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
-        known, answer_tokens, fetched = len(examples), sum(task_configs[e.task].max_new_tokens for e in examples), []
-    bound = known if known is not None else config.n * len(config.tasks) if config.n else None
-    shared = [cell for cell in cells if config.path == "shared" and shares_prefill(cell[0])]
-    alone = len(cells) - len(shared)
-
-    def times(k: int) -> str:
-        return f"{k} per example" if bound is None else f"{'' if known is not None else 'at most '}{bound * k}"
-
-    count = "every" if bound is None else times(1)
-    lines = [
-        f"LongBench: {count} examples ({', '.join(config.tasks)}) x {len(cells)} cells = {times(len(cells))} cells, "
-        f"model {config.model.label}",
-        *(
-            f"  {press} @ {budget_label(budget)}" + ("" if (press, budget) in shared else " (per-cell path)")
-            for press, budget in cells
-        ),
-        f"prefills: {times(bool(shared) + alone)} ({count} shared by {len(shared)} cells each, "
-        f"{times(alone)} per cell)",
-        f"decodes: {times(len(cells))} ({count} batches of {len(shared)} caches, {times(alone)} alone)"
-        + (f", at most {answer_tokens * len(cells)} answer tokens" if answer_tokens is not None else ""),
-    ]
-    fetched += [what_loading_fetches(config.model.name)]
-    lines += [f"a real run first fetches: {item}" for item in fetched if item] or ["everything it reads is local"]
-    return "\n".join(lines)
-
-
-def run(config: LongBenchConfig, backend: Backend = LOCAL) -> Path:
-    """Run (or resume) the grid and write predictions, scorecard and run.json under ``config.output``."""
-    data_dir, task_configs, examples, press_budgets = prepare(config)
-    settings = {**asdict(config), **config.model.record(), "output": str(config.output), "data_dir": str(data_dir)}
-    settings["budgets"] = [b.key for b in config.budgets]
-    files = [data_dir / f"{task}.jsonl" for task in config.tasks] + [data_dir / "config" / n for n in CONFIG_FILES]
-    settings["data_fingerprint"] = fingerprint(*files)
-    engine = config.path == "shared"
-    settings["paths"] = {p: path_record(p, engine) for p in config.presses if p != FULL_CACHE}
-    record = RunRecord(config.output, settings, RESULTS_DEFINING, ModelSettings().record(), protocol=PROTOCOL)
-    store = ResultStore(config.output / "predictions.jsonl", row_key)
-    units = [Unit(f"{e.task}/{e.id}", e, frozenset(cell_key((e, *cell)) for cell in press_budgets)) for e in examples]
-    work = partial(run_example, config=config, task_configs=task_configs, cells=press_budgets)
-    outcome = run_units(units, work, config.model, store, backend)
-    write_longbench_scorecard(config.output, store.rows, config.presses, config.budgets, task_configs)
-    record.finish(outcome, backend=backend.kind)
-    outcome.raise_failures(backend.retries)
-    return config.output
-
-
-def conditions(row: dict) -> list[str]:
-    """The scorecard conditions a LongBench row counts in: its task."""
-    return [row["task"]]
-
-
-BENCHMARK = Benchmark("LongBench", conditions, lambda row: (row["task"], row["id"]), 100, 2)
-REFERENCE = "h2o"
-PROTOCOL = "longbench"
-
-
-def with_average(summary: pd.DataFrame) -> pd.DataFrame:
-    """With several tasks, a row per (budget, press) holding the mean of its task scores (where it has them all)."""
-    tasks = summary["condition"].nunique()
-    if tasks < 2:
-        return summary
-    groups = summary.groupby(["budget", "press"], sort=False)
-    means = groups.agg(mean=("mean", "mean"), n=("n", "sum"), failed=("failed", "sum"), tasks=("mean", "count"))
-    means = means[means.pop("tasks") == tasks].reset_index()
-    return pd.concat(
-        [summary, means.assign(condition="average", digits=2, verdict="-", full_verdict="-")], ignore_index=True
-    )
-
-
-def write_longbench_scorecard(
-    output: Path, rows: list[dict], presses: list[str], budgets: list[Budget], task_configs: dict[str, TaskConfig]
-) -> None:
-    if rows:
-        summary = with_average(summarize(scores_frame(BENCHMARK, rows), REFERENCE))
-        note = (
-            "The official task score (100 x mean); each cell: mean [95% bootstrap interval over examples] (n). "
-            "The full cache is repeated on every budget row; with several tasks, `average` is the mean of the "
-            "task scores."
-        )
-        labels = [b.label for b in budgets]
-        caps = {task: task_config.max_new_tokens for task, task_config in task_configs.items()}
-        appendix = degeneracy_lines(rows, caps)
-        write_scorecard(output, summary, f"LongBench: {output.name}", note, REFERENCE, presses, labels, appendix)

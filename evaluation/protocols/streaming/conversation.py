@@ -1,5 +1,5 @@
-"""The streaming protocol's run loop: before every question, re-compress the whole growing history to each budget
-with each press's own code, answer from the compressed copy, then append the turn to the history.
+"""One conversation streamed through every cell: before every question, re-compress the whole growing history to
+each budget with each press's own code, answer from the compressed copy, then append the turn to the history.
 
 A press the history serves (``evaluation.catalogue.needs``: its hook reads what the history stores) gets its cache
 from the history; any other press (one that runs forward passes of its own) re-prefills the whole history under
@@ -8,31 +8,23 @@ itself before each question. Every row records its ``path``, and run.json how ea
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from functools import partial
-from pathlib import Path
-
-import pandas as pd
 import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import (
-    OVER_THE_CONTEXT,
-    Budget,
     Cell,
     budget_key,
     budget_label,
-    press_cells,
     ratio_for,
 )
-from evaluation.catalogue.needs import SHARED, describe, needs, question_position
-from evaluation.catalogue.specs import check_presses, make_press
+from evaluation.catalogue.needs import SHARED, needs, question_position
+from evaluation.catalogue.specs import make_press
 from evaluation.engine.decoding import decode_batch, eos_ids, generate
 from evaluation.engine.history import History
-from evaluation.engine.retention import RETAINED, answer_spans, retention
+from evaluation.engine.retention import answer_spans, retention
 from evaluation.errors import EvaluationError, PressCannotRun
-from evaluation.protocols.streaming.config import PLACEMENTS, RESULTS_DEFINING, TEACHER_FORCED_KINDS, StreamConfig
+from evaluation.protocols.streaming.config import TEACHER_FORCED_KINDS, StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question
 from evaluation.protocols.streaming.framing import Framing, Message
 from evaluation.protocols.streaming.placements import (
@@ -42,22 +34,13 @@ from evaluation.protocols.streaming.placements import (
     evidence_inside,
     file_sessions,
     newest_items,
-    select_conversations,
     turn_room,
 )
-from evaluation.protocols.streaming.task import StreamTask, stream_task
-from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize, write_scorecard
-from evaluation.runs.backends import LOCAL, Backend, Unit, run_units
-from evaluation.runs.models import ModelSettings, context_length, local_model, what_loading_fetches
-from evaluation.runs.record import RunRecord
+from evaluation.protocols.streaming.task import StreamTask
+from evaluation.runs.backends import Unit
+from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
 from evaluation.runs.terminal import interactive
-
-REFERENCE = "h2o"
-
-
-def row_key(row: dict) -> tuple[str, int, str, str]:
-    return row["conversation"], row["question_index"], row["press"], row["budget"]
 
 
 def cell_key(conversation: Conversation, question: Question, cell: Cell) -> tuple[str, int, str, str]:
@@ -69,10 +52,14 @@ class ConversationRun:
     """One conversation streamed through every cell; one shared history unless answers are the model's own."""
 
     def __init__(
-        self, config: StreamConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cells: list[Cell]
+        self,
+        config: StreamConfig,
+        task: StreamTask,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        cells: list[Cell],
     ) -> None:
-        self.config, self.model, self.tokenizer, self.cells = config, model, tokenizer, cells
-        self.task = stream_task(config.task)
+        self.config, self.task, self.model, self.tokenizer, self.cells = config, task, model, tokenizer, cells
         self.stop = eos_ids(model)
         self.context = context_length(tokenizer, model.config)
         self.kinds = TEACHER_FORCED_KINDS[config.rmm_weights]
@@ -328,6 +315,7 @@ def run_conversation(
     unit: Unit,
     store: ResultStore,
     config: StreamConfig,
+    task: StreamTask,
     cells: list[Cell],
 ) -> None:
     """One unit: one conversation streamed through every cell, its finished answers read back from ``store``."""
@@ -335,160 +323,4 @@ def run_conversation(
     conversation: Conversation = unit.payload
     missing = sum(key not in store for key in unit.keys)
     with tqdm(total=missing, desc=conversation.sample_id, unit="answer", leave=False, disable=not interactive()) as bar:
-        ConversationRun(config, model, tokenizer, cells).run(conversation, store, bar)
-
-
-def prepare(config: StreamConfig) -> tuple[dict[str, str], list[Conversation], list[Cell]]:
-    """Everything a run reads before the model: checked settings, the data's fingerprint, the conversations
-    and the cells."""
-    cells = checked_cells(config)
-    data_fingerprint, conversations = stream_task(config.task).load(config)
-    return data_fingerprint, select_conversations(conversations, config.conversations), cells
-
-
-def checked_cells(config: StreamConfig) -> list[Cell]:
-    """The settings checked, before any data: the stream's cells."""
-    check_presses(config.presses)
-    if config.placement not in PLACEMENTS:
-        raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
-    if config.placement == "evidence" and config.history != "gold":
-        raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
-    return press_cells(config.presses, config.budgets, "--budgets")
-
-
-def dry_run(config: StreamConfig) -> str:
-    """The stream and the work it takes, without a model, the network or a file written: where the data or the
-    model is not local, what a real run would fetch."""
-    task = stream_task(config.task)
-    fetched = [task.downloads(config), what_loading_fetches(config.model.name)]
-    if fetched[0]:
-        cells = checked_cells(config)
-        asked = f"{len(config.conversations)} conversations" if config.conversations else "every conversation"
-        lines = [
-            f"{task.benchmark.name} ({config.placement} placement, {config.history} history): {asked} x "
-            f"{len(cells)} cells (questions counted once the data is local), model {config.model.label}",
-            *grid_lines(cells),
-        ]
-    else:
-        lines = plan(config)
-    return "\n".join(lines + [f"a real run first fetches: {item}" for item in fetched if item])
-
-
-def grid_lines(cells: list[Cell]) -> list[str]:
-    return [f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells]
-
-
-def answered(conversation: Conversation, config: StreamConfig) -> list[Question]:
-    """The asked questions that get rows: every one but those the task only tells."""
-    told = stream_task(config.task).told
-    return [question for question in asked_questions(conversation, config) if not told(question)]
-
-
-def plan(config: StreamConfig) -> list[str]:
-    """The work of a stream whose data is local."""
-    _, conversations, cells = prepare(config)
-    questions = sum(len(answered(c, config)) for c in conversations)
-    histories = len(conversations) * (1 if config.history == "gold" else len(cells))
-    name = stream_task(config.task).benchmark.name
-    lines = [
-        f"{name} ({config.placement} placement, {config.history} history): {len(conversations)} conversations, "
-        f"{questions} questions x {len(cells)} cells = {questions * len(cells)} answers, model {config.model.label}",
-        *grid_lines(cells),
-        f"prefills: {histories} growing histories, extended by every session and turn (re-prefilled only at the "
-        "evidence placement's restarts when the context is full); a press on its own prefill re-prefills the history "
-        "before each of its questions",
-        f"decodes: {questions * len(cells)}, in {questions * histories // len(conversations)} batches, at most "
-        f"{config.max_new_tokens} tokens each",
-    ]
-    if config.placement == "file":
-        lines.append(file_visibility(config, conversations))
-    return lines
-
-
-def file_visibility(config: StreamConfig, conversations: list[Conversation]) -> str:
-    """For the file placement, how many asked questions have their evidence in the sessions that fit: it needs
-    the model's tokenizer and configuration only."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    path = local_model(config.model.name)
-    if path is None:
-        return f"evidence visibility: needs the tokenizer of {config.model.name}, which is not local"
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        context = context_length(tokenizer, AutoConfig.from_pretrained(path))
-    except Exception as error:  # an unreachable hub id or a folder without a tokenizer: the plan stands without it
-        return f"evidence visibility: needs the tokenizer of {config.model.name} ({type(error).__name__})"
-    visible = total = 0
-    task = stream_task(config.task)
-    for conversation in conversations:
-        questions = asked_questions(conversation, config)
-        window = {s.number for s in file_sessions(task, conversation, questions, tokenizer, context, config)}
-        visible += sum(evidence_inside(question, window) for question in questions)
-        total += len(questions)
-    return f"evidence inside the history for {visible} of {total} questions ({100 * visible / max(total, 1):.0f}%)"
-
-
-def run(config: StreamConfig, backend: Backend = LOCAL) -> Path:
-    """Run (or resume) the streaming protocol and write predictions, scorecard and run.json."""
-    data_fingerprint, conversations, cells = prepare(config)
-    settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
-    settings["budgets"] = [b.key for b in config.budgets]
-    settings["data_fingerprint"] = data_fingerprint
-    settings["paths"] = {spec: describe(make_press(spec, 0.5)) for spec in config.presses}
-    defaults = {**ModelSettings().record(), "task": "locomo", "episodes": {}}  # what older runs did not record
-    record = RunRecord(config.output, settings, RESULTS_DEFINING, defaults, protocol=config.task)
-    store = ResultStore(config.output / "predictions.jsonl", row_key)
-    units = [
-        Unit(c.sample_id, c, frozenset(cell_key(c, q, cell) for q in answered(c, config) for cell in cells))
-        for c in conversations
-    ]
-    outcome = run_units(units, partial(run_conversation, config=config, cells=cells), config.model, store, backend)
-    write_stream_scorecard(stream_task(config.task), config.output, store.rows, config.presses, config.budgets)
-    record.finish(outcome, backend=backend.kind)
-    outcome.raise_failures(backend.retries)
-    return config.output
-
-
-def visibility(rows: list[dict]) -> str:
-    """How many of the questions had their evidence inside the history the model saw."""
-    questions = {(row["conversation"], row["question_index"]): row["evidence_visible"] for row in rows}
-    visible, total = sum(questions.values()), len(questions)
-    return f"evidence inside the history for {visible} of {total} questions ({100 * visible / total:.0f}%)"
-
-
-def evictions(rows: list[dict]) -> str:
-    """At each budget, for how many questions the history was longer than the budget (so the presses evicted)."""
-    over: dict[str, dict[tuple[str, int], bool]] = {}
-    for row in rows:
-        if row["press"] != "full" and not row.get("error"):
-            key = (row["conversation"], row["question_index"])
-            label = row["budget_label"].removesuffix(OVER_THE_CONTEXT)
-            over.setdefault(label, {})[key] = row["history_tokens"] > row["kept_tokens"]
-    counts = ", ".join(f"{sum(seen.values())} of {len(seen)} at {label}" for label, seen in over.items())
-    return f"the history exceeded the budget (the presses evicted) for {counts} questions" if over else ""
-
-
-def write_stream_scorecard(
-    task: StreamTask, output: Path, rows: list[dict], presses: list[str], budgets: list[Budget]
-) -> None:
-    if rows:
-        frame = scores_frame(task.benchmark, rows)
-        if task.retention:
-            measured = [{**row, "score": row["retention"]} for row in rows if row.get("retention") is not None]
-            frame = pd.concat([frame, scores_frame(task.benchmark, measured, RETAINED)], ignore_index=True)
-        order = task.benchmark.order
-
-        def rank(name: str) -> int:
-            plain = name.removeprefix(RETAINED)
-            return (plain != name) * (len(order) + 1) + (order.index(plain) if plain in order else len(order))
-
-        frame = frame.sort_values("condition", key=lambda c: c.map(rank), kind="stable")
-        note = (
-            f"{task.metric}, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean "
-            f"[95% bootstrap interval over questions] (n){task.caveat}."
-        )
-        labels = [b.label for b in budgets]
-        summary = summarize(frame, REFERENCE)
-        title = f"{task.benchmark.name} streaming: {output.name}"
-        contrasts = contrast_table(task.benchmark, rows)
-        write_scorecard(output, summary, title, note, REFERENCE, presses, labels, contrasts=contrasts)
+        ConversationRun(config, task, model, tokenizer, cells).run(conversation, store, bar)

@@ -1,25 +1,8 @@
-"""The probe protocol: the model answers each probe, then every scorer ranks its sixteen facts.
-
-For each probe the model reads the prompt (``probe.prompt``) and answers greedily. One uncompressed prefill of the
-prompt and the answer (``engine.History``) then serves every scorer's own ``score`` of every position:
-
-- ``demonstrated utility``: ``RMMPress(lag=None)`` with Eq. 1's weights on the rows whose prediction is a token of
-  the model's own answer (its teacher-forced correctness against that answer: 1 for every greedy row) and 0 on
-  the prompt's rows, so only what the answer attended to counts;
-- ``demonstrated utility (confidence)``: the same rows weighed by the model's probability of its top-1 prediction;
-- ``h2o`` (``ObservedAttentionPress``: attention accumulated over every row), ``tova`` and ``snapkv``;
-- ``recency``: the facts by position, the newest first.
-
-Rows (``predictions.jsonl``, one per probe x scorer x k, resumable) score 1 when both gold facts rank in the top
-k of 16 (``probe.ranking``); a row's ``prediction`` is the scorer's order of the facts, ``model_answer`` the
-model's text. The scorecard splits them by whether the model answered correctly.
-"""
+"""The probe protocol's work: the model answers each probe, then every scorer ranks its sixteen facts."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from functools import partial
-from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -27,40 +10,25 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.errors import EvaluationError
 from evaluation.protocols.probe.facts import FACTS, Probe, probes
 from evaluation.protocols.probe.prompt import final_answer, prompt_ids
-from evaluation.protocols.probe.ranking import KS, RECENCY, both_in_top, fact_scores, gold_ranks, recency_scores
+from evaluation.protocols.probe.protocol import (
+    BENCHMARK,
+    BLOCK,
+    DU,
+    DU_CONFIDENCE,
+    RECENCY,
+    SCORERS,
+    ProbeConfig,
+    Probes,
+    row_key,
+    top_label,
+)
+from evaluation.protocols.probe.ranking import KS, both_in_top, fact_scores, gold_ranks, recency_scores
+from evaluation.protocols.protocol import REFERENCE, Plan
 from evaluation.protocols.synthetic.task import string_match
-from evaluation.reporting.conditions import Benchmark
-from evaluation.reporting.scorecard import scores_frame, summarize, write_scorecard
-from evaluation.runs.backends import LOCAL, Backend, Unit, run_units
-from evaluation.runs.models import ModelSettings
-from evaluation.runs.record import RunRecord
+from evaluation.reporting.scorecard import scores_frame, summarize
+from evaluation.reporting.scorecard import write_scorecard as write_card
+from evaluation.runs.backends import Unit
 from evaluation.runs.store import ResultStore
-
-PROTOCOL = "probe"
-DU, DU_CONFIDENCE = "demonstrated utility", "demonstrated utility (confidence)"
-SCORERS = (DU, DU_CONFIDENCE, "h2o", "tova", "snapkv", RECENCY)
-REFERENCE = "h2o"
-OVERALL, CORRECT, INCORRECT = "overall", "answered correctly", "answered incorrectly"
-RESULTS_DEFINING = ("model", "dtype", "attn_implementation", "device", "seed", "reasoning", "max_new_tokens")
-BLOCK = 20  # probes per unit of work
-
-
-@dataclass
-class ProbeConfig:
-    model: ModelSettings
-    seed: int
-    probes: int
-    reasoning: bool
-    output: Path
-    max_new_tokens: int = 40
-
-
-def top_label(k: int) -> str:
-    return f"top {k} of {FACTS}"
-
-
-def row_key(row: dict) -> tuple[int, str, str]:
-    return row["probe"], row["press"], row["budget"]
 
 
 def answer(model: PreTrainedModel, history, stop_ids: set[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
@@ -156,7 +124,7 @@ def unit_keys(block: list[Probe]) -> frozenset:
     return frozenset((probe.index, name, top_label(k)) for probe in block for name in SCORERS for k in KS)
 
 
-def prepare(config: ProbeConfig) -> list[Probe]:
+def probes_of(config: ProbeConfig) -> list[Probe]:
     if config.probes < 1:
         raise EvaluationError(f"--probes {config.probes} must be at least 1")
     if config.max_new_tokens < 1:
@@ -164,8 +132,8 @@ def prepare(config: ProbeConfig) -> list[Probe]:
     return probes(config.seed, config.probes)
 
 
-def dry_run(config: ProbeConfig) -> str:
-    generated = prepare(config)
+def dry_run(protocol: Probes, config: ProbeConfig) -> str:
+    generated = probes_of(config)
     return "\n".join(
         [
             f"Probe: {len(generated)} probes (seed {config.seed}, {FACTS} facts each, reasoning "
@@ -177,35 +145,22 @@ def dry_run(config: ProbeConfig) -> str:
     )
 
 
-def run(config: ProbeConfig, backend: Backend = LOCAL) -> Path:
-    generated = prepare(config)
-    settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
-    record = RunRecord(config.output, settings, RESULTS_DEFINING, protocol=PROTOCOL)
-    store = ResultStore(config.output / "predictions.jsonl", row_key)
+def plan(protocol: Probes, config: ProbeConfig) -> Plan:
+    generated = probes_of(config)
     blocks = [generated[start : start + BLOCK] for start in range(0, len(generated), BLOCK)]
     units = [Unit(f"probes {b[0].index}-{b[-1].index}", b, unit_keys(b)) for b in blocks]
-    outcome = run_units(units, partial(run_block, config=config), config.model, store, backend)
-    write_probe_scorecard(config.output, store.rows)
-    record.finish(outcome, backend=backend.kind)
-    outcome.raise_failures(backend.retries)
-    return config.output
+    return Plan(units, partial(run_block, config=config))
 
 
-def conditions(row: dict) -> list[str]:
-    return [OVERALL, CORRECT if row["correct"] else INCORRECT]
-
-
-BENCHMARK = Benchmark("Probe", conditions, lambda row: (row["probe"],), 100, 1, (OVERALL, CORRECT, INCORRECT))
-
-
-def write_probe_scorecard(output: Path, rows: list[dict]) -> None:
+def write_scorecard(protocol: Probes, config: ProbeConfig, rows: list[dict]) -> None:
     summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
     note = (
         f"Share of probes (%) whose two gold facts both rank in a scorer's top k of {FACTS}; each cell: mean [95% "
         "bootstrap interval over probes] (n probes), split by whether the model answered correctly (the right "
-        "colour, and with reasoning the bridge city named). Scorers rank by their own press's score averaged over "
-        "each fact's tokens, layers and KV heads; ties count against the scorer. Demonstrated utility weighs only "
-        "the rows of the model's own answer (evaluation/protocols/probe/runner.py)."
+        "colour, and with reasoning the bridge city named). Scorers rank by their own press's score averaged "
+        "over each fact's tokens, layers and KV heads; ties count against the scorer. Demonstrated utility "
+        "weighs only the rows of the model's own answer (evaluation/protocols/probe/work.py)."
     )
     labels = [top_label(k) for k in KS]
-    write_scorecard(output, summary, f"Probe: {output.name}", note, REFERENCE, list(SCORERS), labels)
+    output = config.output
+    write_card(output, summary, f"Probe: {output.name}", note, REFERENCE, list(SCORERS), labels)

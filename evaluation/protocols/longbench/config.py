@@ -1,0 +1,26 @@
+"""A LongBench run's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evaluation.catalogue.budgets import Budget
+from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING
+from evaluation.runs.models import ModelSettings
+
+PATHS = ("shared", "per-cell")
+
+
+@dataclass
+class LongBenchConfig:
+    model: ModelSettings = field(metadata=MODEL_DEFINING)
+    tasks: list[str]
+    presses: list[str]
+    budgets: list[Budget]
+    n: int | None
+    query_aware: bool = field(metadata=DEFINING)
+    data_dir: str | None
+    output: Path
+    max_length: int | None = field(default=None, metadata=DEFINING)
+    path: str = "shared"

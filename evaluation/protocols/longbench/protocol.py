@@ -1,0 +1,81 @@
+"""The LongBench single-turn protocol: every example x press x budget, one JSON line per finished cell. Its work
+(plan, dry run, scorecard) is ``evaluation.protocols.longbench.work``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from evaluation.catalogue.budgets import parse_budgets
+from evaluation.catalogue.specs import DEFAULT_PRESSES
+from evaluation.cli.options import fraction, whole
+from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
+from evaluation.protocols.protocol import Protocol, register
+from evaluation.reporting.conditions import Benchmark
+from evaluation.runs.models import ModelSettings
+
+DEFAULT_TASKS = ["multi_news"]
+DEFAULT_RATIOS = [0.5, 0.75]
+
+
+def conditions(row: dict) -> list[str]:
+    """The scorecard conditions a LongBench row counts in: its task."""
+    return [row["task"]]
+
+
+class LongBench(Protocol[LongBenchConfig]):
+    name = "longbench"
+    help = "LongBench single-turn protocol: every press at every budget"
+    description = (
+        "Run (or resume) the LongBench v1 grid: tasks x examples x presses x budgets. Results go to "
+        "OUTPUT/predictions.jsonl (one line per finished cell; rerunning resumes), scorecard.{md,csv} with "
+        "pictures, and run.json."
+    )
+    benchmark = Benchmark("LongBench", conditions, lambda row: (row["task"], row["id"]), 100, 2)
+    presses = DEFAULT_PRESSES
+    implementation = "evaluation.protocols.longbench.work"
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--data", help="folder with <task>.jsonl and config/ (default $LONGBENCH_DIR, else the hub)"
+        )
+        parser.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, help="LongBench v1 English tasks")
+        parser.add_argument("--ratios", nargs="*", type=fraction, help=f"fractions evicted (default {DEFAULT_RATIOS})")
+        parser.add_argument("--budgets", nargs="*", type=whole(1), help="context tokens kept")
+        parser.add_argument(
+            "--n", type=whole(1), default=2, help="examples per task, the first N in file order (default 2)"
+        )
+        parser.add_argument("--query-aware", action="store_true", help="compress the question with the context")
+        parser.add_argument(
+            "--max-length",
+            type=whole(16),
+            help="prompt truncation length (default: the model's context less the task's answer and 64 tokens)",
+        )
+        parser.add_argument(
+            "--path",
+            choices=list(PATHS),
+            default="shared",
+            help="shared (default): one full-cache prefill per example serves every press it can, decoded in one "
+            "batch; per-cell: the reference, KVPress's prefill under the press once per cell",
+        )
+
+    def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> LongBenchConfig:
+        ratios = DEFAULT_RATIOS if args.ratios is None and args.budgets is None else args.ratios
+        return LongBenchConfig(
+            model=model,
+            tasks=args.tasks,
+            presses=args.presses,
+            budgets=parse_budgets(ratios, args.budgets),
+            n=args.n,
+            query_aware=args.query_aware,
+            data_dir=args.data,
+            output=output,
+            max_length=args.max_length,
+            path=args.path,
+        )
+
+    def row_key(self, row: dict) -> tuple[str, str, str, str]:
+        return row["task"], row["id"], row["press"], row["budget"]
+
+
+LONGBENCH = register(LongBench())

@@ -1,0 +1,123 @@
+"""The LongBench protocol's work: its cells checked, its plan and dry run, and its scorecard."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pandas as pd
+
+from evaluation.catalogue.budgets import Cell, budget_label, press_cells
+from evaluation.catalogue.specs import FULL_CACHE, check_presses
+from evaluation.errors import EvaluationError
+from evaluation.protocols.longbench import cells
+from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
+from evaluation.protocols.longbench.data import (
+    CONFIG_FILES,
+    check_tasks,
+    load_configs,
+    load_task,
+    local_data_dir,
+    resolve_data_dir,
+    what_a_run_downloads,
+)
+from evaluation.protocols.longbench.degeneracy import degeneracy_lines
+from evaluation.protocols.longbench.protocol import LongBench
+from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.reporting.scorecard import scores_frame, summarize
+from evaluation.reporting.scorecard import write_scorecard as write_card
+from evaluation.runs.backends import Unit
+from evaluation.runs.models import what_loading_fetches
+from evaluation.runs.record import fingerprint
+
+
+def with_average(summary: pd.DataFrame) -> pd.DataFrame:
+    """With several tasks, a row per (budget, press) holding the mean of its task scores (where it has them all)."""
+    tasks = summary["condition"].nunique()
+    if tasks < 2:
+        return summary
+    groups = summary.groupby(["budget", "press"], sort=False)
+    means = groups.agg(mean=("mean", "mean"), n=("n", "sum"), failed=("failed", "sum"), tasks=("mean", "count"))
+    means = means[means.pop("tasks") == tasks].reset_index()
+    return pd.concat(
+        [summary, means.assign(condition="average", digits=2, verdict="-", full_verdict="-")], ignore_index=True
+    )
+
+
+def checked_cells(config: LongBenchConfig) -> list[Cell]:
+    """The settings checked, before any data: the grid's cells."""
+    check_tasks(config.tasks)
+    check_presses(config.presses)
+    if config.path not in PATHS:
+        raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
+    return press_cells(config.presses, config.budgets, "--ratios or --budgets")
+
+
+def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
+    grid = checked_cells(config)
+    data_dir = local_data_dir(config.data_dir, config.tasks)
+    known, answer_tokens, fetched = None, None, [what_a_run_downloads(config.tasks)]
+    if data_dir is not None:
+        task_configs = load_configs(data_dir, config.tasks)
+        examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
+        known = len(examples)
+        answer_tokens, fetched = sum(task_configs[e.task].max_new_tokens for e in examples), []
+    bound = known if known is not None else config.n * len(config.tasks) if config.n else None
+    shared = [cell for cell in grid if config.path == "shared" and cells.shares_prefill(cell[0])]
+    alone = len(grid) - len(shared)
+
+    def times(k: int) -> str:
+        return f"{k} per example" if bound is None else f"{'' if known is not None else 'at most '}{bound * k}"
+
+    count = "every" if bound is None else times(1)
+    lines = [
+        f"LongBench: {count} examples ({', '.join(config.tasks)}) x {len(grid)} cells = {times(len(grid))} "
+        f"cells, model {config.model.label}",
+        *(
+            f"  {press} @ {budget_label(budget)}" + ("" if (press, budget) in shared else " (per-cell path)")
+            for press, budget in grid
+        ),
+        f"prefills: {times(bool(shared) + alone)} ({count} shared by {len(shared)} cells each, "
+        f"{times(alone)} per cell)",
+        f"decodes: {times(len(grid))} ({count} batches of {len(shared)} caches, {times(alone)} alone)"
+        + (f", at most {answer_tokens * len(grid)} answer tokens" if answer_tokens is not None else ""),
+    ]
+    fetched += [what_loading_fetches(config.model.name)]
+    lines += [f"a real run first fetches: {item}" for item in fetched if item] or ["everything it reads is local"]
+    return "\n".join(lines)
+
+
+def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
+    grid = checked_cells(config)
+    data_dir = resolve_data_dir(config.data_dir, config.tasks)
+    task_configs = load_configs(data_dir, config.tasks)
+    examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
+    files = [data_dir / f"{task}.jsonl" for task in config.tasks]
+    files += [data_dir / "config" / name for name in CONFIG_FILES]
+    engine = config.path == "shared"
+    units = [Unit(f"{e.task}/{e.id}", e, frozenset(cells.cell_key((e, *cell)) for cell in grid)) for e in examples]
+    settings = {
+        "data_dir": str(data_dir),
+        "budgets": [b.key for b in config.budgets],
+        "data_fingerprint": fingerprint(*files),
+        "paths": {p: cells.path_record(p, engine) for p in config.presses if p != FULL_CACHE},
+    }
+    work = partial(cells.run_example, config=config, task_configs=task_configs, cells=grid)
+    return Plan(units, work, settings, ("data_fingerprint",))
+
+
+def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dict]) -> None:
+    if not rows:
+        return
+    output = config.output
+    data_dir = resolve_data_dir(config.data_dir, config.tasks)
+    task_configs = load_configs(data_dir, config.tasks)
+    summary = with_average(summarize(scores_frame(protocol.benchmark, rows), REFERENCE))
+    note = (
+        "The official task score (100 x mean); each cell: mean [95% bootstrap interval over examples] (n). "
+        "The full cache is repeated on every budget row; with several tasks, `average` is the mean of the "
+        "task scores."
+    )
+    labels = [b.label for b in config.budgets]
+    caps = {task: task_config.max_new_tokens for task, task_config in task_configs.items()}
+    appendix = degeneracy_lines(rows, caps)
+    write_card(output, summary, f"LongBench: {output.name}", note, REFERENCE, config.presses, labels, appendix)

@@ -1,0 +1,91 @@
+"""The probe protocol (its work: ``evaluation.protocols.probe.work``): the model answers each probe, then every
+scorer ranks its sixteen facts.
+
+For each probe the model reads the prompt (``probe.prompt``) and answers greedily. One uncompressed prefill of the
+prompt and the answer (``engine.History``) then serves every scorer's own ``score`` of every position:
+
+- ``demonstrated utility``: ``RMMPress(lag=None)`` with Eq. 1's weights on the rows whose prediction is a token of
+  the model's own answer (its teacher-forced correctness against that answer: 1 for every greedy row) and 0 on
+  the prompt's rows, so only what the answer attended to counts;
+- ``demonstrated utility (confidence)``: the same rows weighed by the model's probability of its top-1 prediction;
+- ``h2o`` (``ObservedAttentionPress``: attention accumulated over every row), ``tova`` and ``snapkv``;
+- ``recency``: the facts by position, the newest first.
+
+Rows (``predictions.jsonl``, one per probe x scorer x k, resumable) score 1 when both gold facts rank in the top
+k of 16 (``probe.ranking``); a row's ``prediction`` is the scorer's order of the facts, ``model_answer`` the
+model's text. The scorecard splits them by whether the model answered correctly.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evaluation.cli.options import whole
+from evaluation.protocols.probe.facts import FACTS
+from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, Protocol, register
+from evaluation.reporting.conditions import Benchmark
+from evaluation.runs.models import ModelSettings
+
+RECENCY = "recency"
+PROTOCOL = "probe"
+DU, DU_CONFIDENCE = "demonstrated utility", "demonstrated utility (confidence)"
+SCORERS = (DU, DU_CONFIDENCE, "h2o", "tova", "snapkv", RECENCY)
+OVERALL, CORRECT, INCORRECT = "overall", "answered correctly", "answered incorrectly"
+BLOCK = 20  # probes per unit of work
+
+
+@dataclass
+class ProbeConfig:
+    model: ModelSettings = field(metadata=MODEL_DEFINING)
+    seed: int = field(metadata=DEFINING)
+    probes: int
+    reasoning: bool = field(metadata=DEFINING)
+    output: Path
+    max_new_tokens: int = field(default=40, metadata=DEFINING)
+
+
+def top_label(k: int) -> str:
+    return f"top {k} of {FACTS}"
+
+
+def row_key(row: dict) -> tuple[int, str, str]:
+    return row["probe"], row["press"], row["budget"]
+
+
+def conditions(row: dict) -> list[str]:
+    return [OVERALL, CORRECT if row["correct"] else INCORRECT]
+
+
+BENCHMARK = Benchmark("Probe", conditions, lambda row: (row["probe"],), 100, 1, (OVERALL, CORRECT, INCORRECT))
+
+
+class Probes(Protocol[ProbeConfig]):
+    name = PROTOCOL
+    help = "mechanism probe: do the scorers rank first the two facts a two-hop answer chains? (section 7)"
+    description = (
+        "Generate (from --seed) two-hop probes of 16 one-sentence facts, let the model answer each (reasoning first, "
+        "as a worked example shows), and rank the facts by demonstrated utility over the answer's rows, H2O, TOVA, "
+        "SnapKV and recency, each through its press's own score: how often both gold facts rank in the top 2 and top "
+        "4, for correctly and incorrectly answered probes."
+    )
+    benchmark = BENCHMARK
+    implementation = "evaluation.protocols.probe.work"
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
+        parser.add_argument("--probes", type=whole(1), default=400, help="probes (default 400)")
+        parser.add_argument(
+            "--no-reasoning", action="store_true", help="answer with the colour alone (default: state the chain first)"
+        )
+        parser.add_argument("--max-new-tokens", type=whole(1), default=40, help="answer length limit (default 40)")
+
+    def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> ProbeConfig:
+        return ProbeConfig(model, args.seed, args.probes, not args.no_reasoning, output, args.max_new_tokens)
+
+    def row_key(self, row: dict) -> tuple[int, str, str]:
+        return row_key(row)
+
+
+PROBES = register(Probes())

@@ -1,0 +1,157 @@
+"""What a protocol is, and the registry of protocols.
+
+A ``Protocol`` owns everything that differs between LongBench, each streamed task, the eviction lab and the
+probe: its command-line options (``add_options``), its typed configuration (``configure``), its plan without a
+model (``dry_run``), its units of work and the settings its run records (``plan``), the key of its rows
+(``row_key``) and its scorecard (``benchmark``, ``write_scorecard``). Everything they share, the run record, the
+result store, the backend, resume, the scorecard's call and the finish, is one loop: ``evaluation.runs.loop``.
+
+A protocol module defines its protocol and calls ``register``; ``protocols()`` imports the modules the project
+ships, so the command line builds one subcommand per registered protocol and the combined scorecard finds a run's
+benchmark by the name its run.json records. A configuration marks the settings that define its results in its
+fields' metadata (``defines_results``), and a resumed run must repeat them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Hashable
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import ClassVar, Generic, TypeVar
+
+from evaluation.errors import EvaluationError
+from evaluation.reporting.conditions import Benchmark
+from evaluation.runs.backends import Unit, Work
+from evaluation.runs.models import ModelSettings
+
+REFERENCE = "h2o"  # the press every other press is compared with, in every scorecard
+DEFINES = "defines_results"  # a field's metadata key: True, or for a nested settings object the keys it records
+MODEL_KEYS = ("model", "dtype", "attn_implementation", "device")  # what a ModelSettings records that moves scores
+PROTOCOL_MODULES = (
+    "evaluation.protocols.longbench.protocol",
+    "evaluation.protocols.locomo.task",
+    "evaluation.protocols.synthetic.task",
+    "evaluation.protocols.traces.protocol",
+    "evaluation.protocols.probe.protocol",
+)
+
+
+DEFINING = {DEFINES: True}  # ``field(metadata=DEFINING)``: the field's value defines a run's results
+MODEL_DEFINING = {DEFINES: MODEL_KEYS}  # the model's field: which keys of its record define them
+
+
+def results_defining(config: object) -> tuple[str, ...]:
+    """The recorded settings that define ``config``'s results, in field order (nested settings included)."""
+    keys: list[str] = []
+    for item in fields(config):  # type: ignore[arg-type]
+        marked = item.metadata.get(DEFINES)
+        value = getattr(config, item.name)
+        if marked is True:
+            keys.append(item.name)
+        elif marked:
+            keys += list(marked)
+        elif is_dataclass(value) and not isinstance(value, (type, ModelSettings)):
+            keys += results_defining(value)
+    return tuple(keys)
+
+
+def recorded(config: object) -> dict:
+    """``config`` as run.json records it: flat, a nested settings object's fields beside the configuration's own."""
+    record: dict = {}
+    for name, value in asdict(config).items():  # type: ignore[call-overload]
+        nested = getattr(config, name)
+        if is_dataclass(nested) and not isinstance(nested, ModelSettings):
+            record.update(value)
+        else:
+            record[name] = value
+    return record
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run does once its settings are checked and its data read: its units, the work of one unit, and what
+    its run.json records beside the configuration (``settings``: data fingerprints, each press's path...)."""
+
+    units: list[Unit]
+    work: Work
+    settings: dict = field(default_factory=dict)
+    defining: tuple[str, ...] = ()  # keys of ``settings`` that define the results (a data fingerprint)
+
+
+C = TypeVar("C")
+
+
+class Protocol(ABC, Generic[C]):
+    """One protocol: see the module's docstring. ``presses`` are the default press specs (None: the protocol
+    takes none); ``record_defaults`` stand for settings an older run.json did not record.
+
+    What a protocol declares (its options, configuration, row key and benchmark) is light to import, so the
+    command line lists every protocol at once; its work (``dry_run``, ``plan``, ``write_scorecard``) lives in its
+    ``implementation`` module, loaded when a run or a dry run starts: module-level functions of those names that
+    take the protocol first. A protocol that does not care for that split leaves ``implementation`` empty and
+    defines the functions in its own module.
+    """
+
+    name: str
+    help: str
+    description: str
+    benchmark: Benchmark
+    presses: tuple[str, ...] | None = None
+    implementation: str = ""
+    reference: ClassVar[str] = REFERENCE
+
+    @abstractmethod
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        """The protocol's own options (the shared ones, model, presses, output, backend, are added for it)."""
+
+    @abstractmethod
+    def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> C:
+        """The typed configuration of parsed options."""
+
+    @abstractmethod
+    def row_key(self, row: dict) -> Hashable:
+        """What identifies a row: a resumed run skips the cells whose key the store holds."""
+
+    def dry_run(self, config: C) -> str:
+        """The work a run would do and what it would fetch, without a model, the network or a file written."""
+        return self.work().dry_run(self, config)
+
+    def plan(self, config: C) -> Plan:
+        """Check the settings, read the data, and return the units: everything a run does before the model."""
+        return self.work().plan(self, config)
+
+    def write_scorecard(self, config: C, rows: list[dict]) -> None:
+        """The scorecard of ``rows`` under the run's folder."""
+        self.work().write_scorecard(self, config, rows)
+
+    def work(self) -> ModuleType:
+        return importlib.import_module(self.implementation or type(self).__module__)
+
+    def record_defaults(self) -> dict:
+        return ModelSettings().record()
+
+
+_REGISTRY: dict[str, Protocol] = {}
+
+
+def register(protocol: Protocol) -> Protocol:
+    _REGISTRY[protocol.name] = protocol
+    return protocol
+
+
+def protocols() -> dict[str, Protocol]:
+    """Every registered protocol, by name (the shipped protocol modules are imported first)."""
+    for module in PROTOCOL_MODULES:
+        importlib.import_module(module)
+    return dict(_REGISTRY)
+
+
+def protocol_named(name: str) -> Protocol:
+    known = protocols()
+    if name not in known:
+        raise EvaluationError(f"unknown protocol {name!r}; known: {', '.join(known)}")
+    return known[name]

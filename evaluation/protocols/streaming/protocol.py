@@ -1,0 +1,88 @@
+"""The streaming multi-turn protocol, one registered protocol per ``StreamTask``: the history grows session by
+session and turn by turn, and before every question it is re-compressed to each budget with each press's own code.
+Its work (plan, dry run, scorecard) is ``evaluation.protocols.streaming.work``; one conversation's stream is
+``evaluation.protocols.streaming.conversation``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from evaluation.catalogue.budgets import parse_budgets
+from evaluation.cli.options import whole
+from evaluation.protocols.protocol import Protocol, register
+from evaluation.protocols.streaming.config import StreamConfig
+from evaluation.protocols.streaming.task import StreamTask
+from evaluation.runs.models import ModelSettings
+
+
+def row_key(row: dict) -> tuple[str, int, str, str]:
+    return row["conversation"], row["question_index"], row["press"], row["budget"]
+
+
+class Streamed(Protocol[StreamConfig]):
+    """A streamed task as a protocol: the options every streamed task shares, then the task's own."""
+
+    def __init__(self, task: StreamTask) -> None:
+        self.task = task
+        self.name, self.help, self.description = task.name, task.help, task.description
+        self.benchmark, self.presses = task.benchmark, task.presses
+        self.implementation = "evaluation.protocols.streaming.work"
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        task = self.task
+        default = " ".join(map(str, task.budgets))
+        parser.add_argument(
+            "--budgets", nargs="+", type=whole(1), default=list(task.budgets), help=f"tokens kept (default {default})"
+        )
+        parser.add_argument(
+            "--max-history-tokens",
+            type=whole(16),
+            help="history limit (default: the model's context less room to answer; larger reads past the context)",
+        )
+        parser.add_argument(
+            "--rmm-weights",
+            choices=["answers", "all"],
+            default="answers",
+            help="rows whose teacher-forced correctness (under rmm(correctness='confidence'): top-1 probability) "
+            "weighs in RMM (default: answer tokens only)",
+        )
+        parser.add_argument(
+            "--max-new-tokens",
+            type=whole(1),
+            default=task.max_new_tokens,
+            help=f"answer length limit (default {task.max_new_tokens})",
+        )
+        parser.add_argument(
+            "--max-turns",
+            type=whole(1),
+            help="questions per conversation, the first asked: in file order, or in stream order for the evidence "
+            "placement (default all)",
+        )
+        task.add_options(parser)
+
+    def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> StreamConfig:
+        return StreamConfig(
+            model=model,
+            task=self.name,
+            presses=args.presses,
+            budgets=parse_budgets(None, args.budgets),
+            max_turns=args.max_turns,
+            max_history_tokens=args.max_history_tokens,
+            rmm_weights=args.rmm_weights,
+            output=output,
+            max_new_tokens=args.max_new_tokens,
+            settings=self.task.settings(args),
+        )
+
+    def record_defaults(self) -> dict:
+        return {**ModelSettings().record(), "task": "locomo", "episodes": {}}  # what older runs did not record
+
+    def row_key(self, row: dict) -> tuple[str, int, str, str]:
+        return row_key(row)
+
+
+def register_task(task: StreamTask) -> StreamTask:
+    """Register a streamed task as a protocol of its own."""
+    register(Streamed(task))
+    return task

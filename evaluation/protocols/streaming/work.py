@@ -1,0 +1,175 @@
+"""The streaming protocol's work: its cells checked, its plan and dry run, and its scorecard."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pandas as pd
+from transformers import AutoConfig, AutoTokenizer
+
+from evaluation.catalogue.budgets import OVER_THE_CONTEXT, Cell, budget_label, press_cells
+from evaluation.catalogue.needs import describe
+from evaluation.catalogue.specs import check_presses, make_press
+from evaluation.engine.retention import RETAINED
+from evaluation.errors import EvaluationError
+from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.streaming import conversation as streamed
+from evaluation.protocols.streaming.config import PLACEMENTS, StreamConfig
+from evaluation.protocols.streaming.episodes import Conversation, Question
+from evaluation.protocols.streaming.placements import (
+    asked_questions,
+    evidence_inside,
+    file_sessions,
+    select_conversations,
+)
+from evaluation.protocols.streaming.protocol import Streamed
+from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize
+from evaluation.reporting.scorecard import write_scorecard as write_card
+from evaluation.runs.backends import Unit
+from evaluation.runs.models import context_length, local_model, what_loading_fetches
+
+
+def grid_lines(cells: list[Cell]) -> list[str]:
+    return [f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells]
+
+
+def visibility(rows: list[dict]) -> str:
+    """How many of the questions had their evidence inside the history the model saw."""
+    questions = {(row["conversation"], row["question_index"]): row["evidence_visible"] for row in rows}
+    visible, total = sum(questions.values()), len(questions)
+    return f"evidence inside the history for {visible} of {total} questions ({100 * visible / total:.0f}%)"
+
+
+def evictions(rows: list[dict]) -> str:
+    """At each budget, for how many questions the history was longer than the budget (so the presses evicted)."""
+    over: dict[str, dict[tuple[str, int], bool]] = {}
+    for row in rows:
+        if row["press"] != "full" and not row.get("error"):
+            key = (row["conversation"], row["question_index"])
+            label = row["budget_label"].removesuffix(OVER_THE_CONTEXT)
+            over.setdefault(label, {})[key] = row["history_tokens"] > row["kept_tokens"]
+    counts = ", ".join(f"{sum(seen.values())} of {len(seen)} at {label}" for label, seen in over.items())
+    return f"the history exceeded the budget (the presses evicted) for {counts} questions" if over else ""
+
+
+def checked_cells(config: StreamConfig) -> list[Cell]:
+    """The settings checked, before any data: the stream's cells."""
+    check_presses(config.presses)
+    if config.placement not in PLACEMENTS:
+        raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
+    if config.placement == "evidence" and config.history != "gold":
+        raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
+    return press_cells(config.presses, config.budgets, "--budgets")
+
+
+def streamed_conversations(protocol: Streamed, config: StreamConfig) -> tuple[dict[str, str], list[Conversation]]:
+    """The data's fingerprint and the conversations the run streams."""
+    data_fingerprint, conversations = protocol.task.load(config)
+    return data_fingerprint, select_conversations(conversations, config.conversations)
+
+
+def answered(protocol: Streamed, conversation: Conversation, config: StreamConfig) -> list[Question]:
+    """The asked questions that get rows: every one but those the task only tells."""
+    return [question for question in asked_questions(conversation, config) if not protocol.task.told(question)]
+
+
+def dry_run(protocol: Streamed, config: StreamConfig) -> str:
+    fetched = [protocol.task.downloads(config), what_loading_fetches(config.model.name)]
+    cells = checked_cells(config)
+    if fetched[0]:
+        asked = f"{len(config.conversations)} conversations" if config.conversations else "every conversation"
+        lines = [
+            f"{protocol.benchmark.name} ({config.placement} placement, {config.history} history): {asked} x "
+            f"{len(cells)} cells (questions counted once the data is local), model {config.model.label}",
+            *grid_lines(cells),
+        ]
+    else:
+        lines = plan_lines(protocol, config, cells)
+    return "\n".join(lines + [f"a real run first fetches: {item}" for item in fetched if item])
+
+
+def plan_lines(protocol: Streamed, config: StreamConfig, cells: list[Cell]) -> list[str]:
+    """The work of a stream whose data is local."""
+    _, conversations = streamed_conversations(protocol, config)
+    questions = sum(len(answered(protocol, c, config)) for c in conversations)
+    histories = len(conversations) * (1 if config.history == "gold" else len(cells))
+    lines = [
+        f"{protocol.benchmark.name} ({config.placement} placement, {config.history} history): "
+        f"{len(conversations)} conversations, {questions} questions x {len(cells)} cells = "
+        f"{questions * len(cells)} answers, model {config.model.label}",
+        *grid_lines(cells),
+        f"prefills: {histories} growing histories, extended by every session and turn (re-prefilled only at the "
+        "evidence placement's restarts when the context is full); a press on its own prefill re-prefills the "
+        "history before each of its questions",
+        f"decodes: {questions * len(cells)}, in {questions * histories // len(conversations)} batches, at most "
+        f"{config.max_new_tokens} tokens each",
+    ]
+    if config.placement == "file":
+        lines.append(file_visibility(protocol, config, conversations))
+    return lines
+
+
+def file_visibility(protocol: Streamed, config: StreamConfig, conversations: list[Conversation]) -> str:
+    """For the file placement, how many asked questions have their evidence in the sessions that fit: it needs
+    the model's tokenizer and configuration only."""
+    path = local_model(config.model.name)
+    if path is None:
+        return f"evidence visibility: needs the tokenizer of {config.model.name}, which is not local"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        context = context_length(tokenizer, AutoConfig.from_pretrained(path))
+    except Exception as error:  # an unreachable hub id or a folder without a tokenizer: the plan stands without it
+        return f"evidence visibility: needs the tokenizer of {config.model.name} ({type(error).__name__})"
+    visible = total = 0
+    for conversation in conversations:
+        questions = asked_questions(conversation, config)
+        window = {s.number for s in file_sessions(protocol.task, conversation, questions, tokenizer, context, config)}
+        visible += sum(evidence_inside(question, window) for question in questions)
+        total += len(questions)
+    return f"evidence inside the history for {visible} of {total} questions ({100 * visible / max(total, 1):.0f}%)"
+
+
+def plan(protocol: Streamed, config: StreamConfig) -> Plan:
+    cells = checked_cells(config)
+    data_fingerprint, conversations = streamed_conversations(protocol, config)
+    settings = {
+        "budgets": [b.key for b in config.budgets],
+        "data_fingerprint": data_fingerprint,
+        "paths": {spec: describe(make_press(spec, 0.5)) for spec in config.presses},
+    }
+    units = [
+        Unit(
+            c.sample_id,
+            c,
+            frozenset(streamed.cell_key(c, q, cell) for q in answered(protocol, c, config) for cell in cells),
+        )
+        for c in conversations
+    ]
+    work = partial(streamed.run_conversation, config=config, task=protocol.task, cells=cells)
+    return Plan(units, work, settings, ("data_fingerprint",))
+
+
+def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) -> None:
+    if not rows:
+        return
+    task, output = protocol.task, config.output
+    frame = scores_frame(task.benchmark, rows)
+    if task.retention:
+        measured = [{**row, "score": row["retention"]} for row in rows if row.get("retention") is not None]
+        frame = pd.concat([frame, scores_frame(task.benchmark, measured, RETAINED)], ignore_index=True)
+    order = task.benchmark.order
+
+    def rank(name: str) -> int:
+        plain = name.removeprefix(RETAINED)
+        return (plain != name) * (len(order) + 1) + (order.index(plain) if plain in order else len(order))
+
+    frame = frame.sort_values("condition", key=lambda c: c.map(rank), kind="stable")
+    note = (
+        f"{task.metric}, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean "
+        f"[95% bootstrap interval over questions] (n){task.caveat}."
+    )
+    labels = [b.label for b in config.budgets]
+    summary = summarize(frame, REFERENCE)
+    title = f"{task.benchmark.name} streaming: {output.name}"
+    contrasts = contrast_table(task.benchmark, rows)
+    write_card(output, summary, title, note, REFERENCE, config.presses, labels, contrasts=contrasts)

@@ -1,0 +1,25 @@
+"""The one run loop every protocol shares: the run record, the result store, the backend, resume, the scorecard
+and the finish. What differs between protocols is the ``Protocol`` (``evaluation.protocols.protocol``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evaluation.protocols.protocol import Protocol, recorded, results_defining
+from evaluation.runs.backends import LOCAL, Backend, run_units
+from evaluation.runs.record import RunRecord
+from evaluation.runs.store import ResultStore
+
+
+def run(protocol: Protocol, config, backend: Backend = LOCAL) -> Path:
+    """Run (or resume) ``config`` under ``protocol`` and write predictions, scorecard and run.json in its folder."""
+    plan = protocol.plan(config)
+    settings = {**recorded(config), **config.model.record(), "output": str(config.output), **plan.settings}
+    defining = results_defining(config) + plan.defining
+    record = RunRecord(config.output, settings, defining, protocol.record_defaults(), protocol=protocol.name)
+    store = ResultStore(config.output / "predictions.jsonl", protocol.row_key)
+    outcome = run_units(plan.units, plan.work, config.model, store, backend)
+    protocol.write_scorecard(config, store.rows)
+    record.finish(outcome, backend=backend.kind)
+    outcome.raise_failures(backend.retries)
+    return config.output
