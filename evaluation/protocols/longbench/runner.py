@@ -18,8 +18,9 @@ import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Budget, Cell, budget_key, budget_label, press_cells, ratio_for
-from evaluation.catalogue.needs import SHARED, compresses_while_decoding, describe, needs, question_position
-from evaluation.catalogue.specs import FULL_CACHE, check_presses, make_press
+from evaluation.catalogue.registry import question_position
+from evaluation.catalogue.resolved import resolve_press, resolve_presses
+from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.engine.decoding import decode_batch, eos_ids, generate
 from evaluation.engine.history import History
 from evaluation.errors import EvaluationError, PressCannotRun
@@ -159,8 +160,9 @@ def run_cell(
     """The per-cell reference path: KVPress's prefill under the press (eager where it needs the weights), then
     greedy decoding."""
     length = prompt.context_ids.shape[1]
-    press = make_press(press_name, ratio_for(budget, length), length)
-    implementation = "eager" if press is not None and needs(press).reads_weights else config.model.attn_implementation
+    resolved = resolve_press(press_name)
+    press = resolved.build(ratio_for(budget, length), length)
+    implementation = "eager" if resolved.reads_weights else config.model.attn_implementation
     model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
     try:
@@ -184,7 +186,7 @@ def run_shared(
     press's own hook, one batched decode of them all. Every cell's press must be on the shared path."""
     model.set_attn_implementation(config.model.attn_implementation)
     length = prompt.context_ids.shape[1]
-    presses = [make_press(name, ratio_for(budget, length), length) for name, budget in cells]
+    presses = [resolve_press(name).build(ratio_for(budget, length), length) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
     rows, derived, starts = [], [], []
@@ -227,16 +229,15 @@ def run_shared(
 
 
 def shares_prefill(press_name: str) -> bool:
-    press = make_press(press_name, 0.5)
-    return press is None or needs(press).path == SHARED
+    return resolve_press(press_name).shares_prefill
 
 
 def path_record(press_name: str, engine: bool) -> str:
     """How a press's cells run, in words, as run.json records it."""
-    press = make_press(press_name, 0.5)
-    if engine and shares_prefill(press_name):
-        return describe(press)
-    return f"{describe(press) if compresses_while_decoding(press) else 'its own prefill'} (per-cell path)"
+    press = resolve_press(press_name)
+    if engine and press.shares_prefill:
+        return press.describe()
+    return f"{press.describe() if press.decodes else 'its own prefill'} (per-cell path)"
 
 
 def run_example(
@@ -267,10 +268,10 @@ def run_example(
 def checked_cells(config: LongBenchConfig) -> list[Cell]:
     """The settings checked, before any data: the grid's cells."""
     check_tasks(config.tasks)
-    check_presses(config.presses)
+    presses = resolve_presses(config.presses)
     if config.path not in PATHS:
         raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
-    return press_cells(config.presses, config.budgets, "--ratios or --budgets")
+    return press_cells(presses, config.budgets, "--ratios or --budgets")
 
 
 def prepare(config: LongBenchConfig) -> tuple[Path, dict[str, TaskConfig], list[Example], list[Cell]]:

@@ -26,8 +26,8 @@ from evaluation.catalogue.budgets import (
     press_cells,
     ratio_for,
 )
-from evaluation.catalogue.needs import SHARED, describe, needs, question_position
-from evaluation.catalogue.specs import check_presses, make_press
+from evaluation.catalogue.registry import SHARED, question_position
+from evaluation.catalogue.resolved import resolve_press, resolve_presses
 from evaluation.engine.decoding import decode_batch, eos_ids, generate
 from evaluation.engine.history import History
 from evaluation.engine.retention import RETAINED, answer_spans, retention
@@ -78,7 +78,7 @@ class ConversationRun:
         self.kinds = TEACHER_FORCED_KINDS[config.rmm_weights]
 
     def history(self, cells: list[Cell]) -> History:
-        return History(self.model, self.kinds, [make_press(name, 0.5) for name, _ in cells])
+        return History(self.model, self.kinds, [resolve_press(name).needs for name, _ in cells])
 
     def run(self, conversation: Conversation, store: ResultStore, bar: tqdm) -> None:
         self.conversation, self.store, self.bar = conversation, store, bar
@@ -210,7 +210,8 @@ class ConversationRun:
         own hook on the stored inputs), all of them decoded in one batch; any other press re-prefills the history
         under itself (``generate``)."""
         ratios = [ratio_for(budget, history.length) for _, budget in cells]
-        presses = [make_press(name, ratio, history.length) for (name, _), ratio in zip(cells, ratios, strict=True)]
+        resolved = [resolve_press(name) for name, _ in cells]
+        presses = [press.build(ratio, history.length) for press, ratio in zip(resolved, ratios, strict=True)]
         caches, refused, starts = {}, {}, {}
         for i, press in enumerate(presses):
             if history.can_serve(press):
@@ -238,11 +239,11 @@ class ConversationRun:
         )
         tokens = dict(zip(caches, generated, strict=True))
         kept = {i: cache.kept_tokens for i, cache in caches.items()}
-        paths = {i: SHARED for i in caches} | {i: needs(p).path for i, p in enumerate(presses) if p is not None}
+        paths = {i: SHARED if i in caches else press.needs.path for i, press in enumerate(resolved)}
         context = torch.tensor([history.token_ids], device=self.model.device)
         for i in (i for i in range(len(cells)) if i not in caches and i not in refused):
             implementation = self.model.config._attn_implementation
-            if needs(presses[i]).reads_weights:
+            if resolved[i].reads_weights:
                 self.model.set_attn_implementation("eager")
             try:
                 generation = generate(self.model, context, asked, presses[i], self.config.max_new_tokens, self.stop)
@@ -348,12 +349,12 @@ def prepare(config: StreamConfig) -> tuple[dict[str, str], list[Conversation], l
 
 def checked_cells(config: StreamConfig) -> list[Cell]:
     """The settings checked, before any data: the stream's cells."""
-    check_presses(config.presses)
+    presses = resolve_presses(config.presses)
     if config.placement not in PLACEMENTS:
         raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if config.placement == "evidence" and config.history != "gold":
         raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
-    return press_cells(config.presses, config.budgets, "--budgets")
+    return press_cells(presses, config.budgets, "--budgets")
 
 
 def dry_run(config: StreamConfig) -> str:
@@ -375,7 +376,7 @@ def dry_run(config: StreamConfig) -> str:
 
 
 def grid_lines(cells: list[Cell]) -> list[str]:
-    return [f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells]
+    return [f"  {press} @ {budget_label(budget)} ({resolve_press(press).describe()})" for press, budget in cells]
 
 
 def answered(conversation: Conversation, config: StreamConfig) -> list[Question]:
@@ -434,7 +435,7 @@ def run(config: StreamConfig, backend: Backend = LOCAL) -> Path:
     settings = {**asdict(config), **config.model.record(), "output": str(config.output)}
     settings["budgets"] = [b.key for b in config.budgets]
     settings["data_fingerprint"] = data_fingerprint
-    settings["paths"] = {spec: describe(make_press(spec, 0.5)) for spec in config.presses}
+    settings["paths"] = {spec: resolve_press(spec).describe() for spec in config.presses}
     defaults = {**ModelSettings().record(), "task": "locomo", "episodes": {}}  # what older runs did not record
     record = RunRecord(config.output, settings, RESULTS_DEFINING, defaults, protocol=config.task)
     store = ResultStore(config.output / "predictions.jsonl", row_key)
