@@ -39,10 +39,10 @@ def nbytes(tensors) -> int:
 def measure(model, ids, presses: list[str]) -> dict:
     import torch
 
-    from evaluation.catalogue.specs import make_press
+    from evaluation.catalogue.resolved import resolve_press
     from evaluation.engine.history import History
 
-    history = History(model, frozenset({"context"}), [make_press(name, 0.5) for name in presses])
+    history = History(model, frozenset({"context"}), [resolve_press(name).needs for name in presses])
     start = time.perf_counter()
     with torch.no_grad():
         history.extend(ids, "context")

@@ -73,6 +73,7 @@ def ray_workers(args: argparse.Namespace) -> dict:
 def shared_against_per_cell(args: argparse.Namespace) -> dict:
 
     from evaluation.catalogue.budgets import parse_budgets, press_cells
+    from evaluation.catalogue.resolved import resolve_presses
     from evaluation.protocols.longbench.cells import prompt_budget, run_cell, run_shared
     from evaluation.protocols.longbench.config import LongBenchConfig
     from evaluation.protocols.longbench.data import load_configs, load_task
@@ -95,7 +96,7 @@ def shared_against_per_cell(args: argparse.Namespace) -> dict:
         output=Path(tempfile.mkdtemp()),
     )
     task = load_configs(args.data, config.tasks)["multi_news"]
-    cells = press_cells(config.presses, config.budgets, "")
+    cells = press_cells(resolve_presses(config.presses), config.budgets, "")
     report: dict = {"presses": args.presses, "cells": len(cells), "examples": []}
     for index, example in enumerate(load_task(args.data, "multi_news", args.n)):
         prompt = build_prompt(example, task, tokenizer, prompt_budget(config, model, tokenizer, task), False)

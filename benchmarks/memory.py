@@ -38,7 +38,7 @@ try:
     from evaluation.runs.terminal import quiet_libraries
 except ImportError:  # a reference tree from before evaluation/runs/terminal.py
     from evaluation.runs.backends import quiet_libraries
-from evaluation.catalogue.budgets import Budget, press_cells
+from evaluation.catalogue.budgets import Budget
 from evaluation.protocols.longbench.data import load_configs, load_task
 from evaluation.protocols.longbench.prompts import build_prompt
 from evaluation.protocols.longbench.cells import run_shared
@@ -55,7 +55,7 @@ prompt = build_prompt(example, task, tokenizer, length, query_aware=False)
 budgets = [Budget("ratio", 0.5), Budget("ratio", 0.75)]
 output = Path(tempfile.mkdtemp())
 config = LongBenchConfig(ModelSettings(), ["multi_news"], presses, budgets, 1, False, str(data), output)
-cells = press_cells(presses, budgets, "")
+cells = [(presses[0], None)] + [(press, budget) for press in presses[1:] for budget in budgets]  # full first
 layers, heads, dim = model.config.num_hidden_layers, model.config.num_key_value_heads, model.config.head_dim
 kv = 2 * layers * heads * dim * prompt.context_ids.shape[1] * 4
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
     from evaluation.catalogue.budgets import Budget, ratio_for
-    from evaluation.catalogue.specs import DEFAULT_PRESSES, make_press
+    from evaluation.catalogue.resolved import make_press, resolve_press
+    from evaluation.catalogue.specs import DEFAULT_PRESSES
     from evaluation.engine.history import History
     from evaluation.protocols.locomo.data import load_conversations
     from evaluation.protocols.locomo.render import gold_answer, question_prompt, render_conversation
@@ -50,7 +51,7 @@ def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
     framing = Framing(tokenizer, render_conversation(conversation, sessions))
     budget = Budget("tokens", 1800)
     presses = [name for name in DEFAULT_PRESSES if name != "full"]
-    history = History(model, frozenset({"answer"}), [make_press(name, 0.5) for name in presses])
+    history = History(model, frozenset({"answer"}), [resolve_press(name).needs for name in presses])
     history.extend(framing.start_ids(), "conversation")
     messages, kinds, rows = [], ["conversation"] * history.length, []
     for question in conversation.questions[: args.questions]:
@@ -65,7 +66,7 @@ def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
         incremental = time.perf_counter() - start
         kinds += [kind for ids, kind in turn for _ in ids]
         start = time.perf_counter()
-        naive = History(model, frozenset({"answer"}), [make_press(name, 0.5) for name in presses])
+        naive = History(model, frozenset({"answer"}), [resolve_press(name).needs for name in presses])
         boundaries = [0] + [i for i in range(1, len(kinds)) if kinds[i] != kinds[i - 1]] + [len(kinds)]
         naive.extend_segments([(history.token_ids[a:b], kinds[a]) for a, b in itertools.pairwise(boundaries)])
         for name in presses:
@@ -90,7 +91,7 @@ def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
 
 def longbench_decoding(args: argparse.Namespace, model, tokenizer) -> dict:
     from evaluation.catalogue.budgets import Budget, press_cells, ratio_for
-    from evaluation.catalogue.specs import make_press
+    from evaluation.catalogue.resolved import make_press, resolve_presses
     from evaluation.engine.decoding import decode, decode_batch
     from evaluation.engine.history import History
     from evaluation.protocols.longbench.data import load_configs, load_task
@@ -100,7 +101,7 @@ def longbench_decoding(args: argparse.Namespace, model, tokenizer) -> dict:
     example = load_task(args.longbench, "multi_news", 1)[0]
     prompt = build_prompt(example, task, tokenizer, args.max_length, query_aware=False)
     length = prompt.context_ids.shape[1]
-    cells = press_cells(args.presses, [Budget("ratio", 0.5), Budget("ratio", 0.75)], "")
+    cells = press_cells(resolve_presses(args.presses), [Budget("ratio", 0.5), Budget("ratio", 0.75)], "")
     presses = [make_press(name, ratio_for(budget, length)) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")

@@ -52,16 +52,15 @@ def child(mode: str, length: int, data: Path) -> None:
     import torch
     from transformers import DynamicCache
 
-    from evaluation.catalogue.needs import needs
-    from evaluation.catalogue.specs import make_press
+    from evaluation.catalogue.resolved import resolve_press
+    from evaluation.catalogue.specs import FULL_CACHE
     from evaluation.runs.models import load_model
     from evaluation.runs.terminal import quiet_libraries
 
     quiet_libraries()
-    press = None if mode == "sdpa" else make_press(mode, 0.5)
-    model, tokenizer = load_model(
-        attn_implementation="eager" if press is not None and needs(press).reads_weights else "sdpa"
-    )
+    resolved = resolve_press(FULL_CACHE if mode == "sdpa" else mode)
+    press = resolved.build(0.5)
+    model, tokenizer = load_model(attn_implementation="eager" if resolved.reads_weights else "sdpa")
     ids = token_ids(tokenizer, data, length)
     cache = DynamicCache()
     start = time.perf_counter()

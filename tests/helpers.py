@@ -130,11 +130,9 @@ class OwnPrefillKnorm(KnormPress):
 
 def implementation(spec: str) -> str:
     """The attention a per-cell prefill under the press needs: eager where it reads the weights, else sdpa."""
-    from evaluation.catalogue.needs import needs
-    from evaluation.catalogue.specs import make_press
+    from evaluation.catalogue.resolved import resolve_press
 
-    press = make_press(spec, 0.5)
-    return "eager" if press is not None and needs(press).reads_weights else "sdpa"
+    return "eager" if resolve_press(spec).reads_weights else "sdpa"
 
 
 def same_sets(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

@@ -13,7 +13,7 @@ import torch
 from kvpress import AdaKVPress, ComposedPress, KnormPress, ObservedAttentionPress, SnapKVPress
 from kvpress import TOVAPress as KVPressTOVAPress
 
-from evaluation.catalogue.specs import parse_spec
+from evaluation.catalogue.resolved import make_press
 from evaluation.cli.main import main
 from evaluation.errors import EvaluationError
 from presses import RMMPress, TOVAPress
@@ -24,17 +24,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_press_specs_build_kvpress_and_our_presses_with_parameters_and_wrappers():
-    assert parse_spec("full") is None
-    assert parse_spec("rmm(lag=64,correctness='uniform')") == RMMPress(lag=64, correctness="uniform")
-    assert type(parse_spec("tova")) is TOVAPress and type(parse_spec("kvpress_tova")) is KVPressTOVAPress
-    assert type(parse_spec("h2o")) is ObservedAttentionPress is type(parse_spec("observed_attention"))
-    assert parse_spec("snapkv(window_size=32)").window_size == 32
-    assert type(parse_spec("KnormPress")) is KnormPress
-    adakv = parse_spec("adakv_snapkv")
+    assert make_press("full") is None
+    assert make_press("rmm(lag=64,correctness='uniform')") == RMMPress(lag=64, correctness="uniform")
+    assert type(make_press("tova")) is TOVAPress and type(make_press("kvpress_tova")) is KVPressTOVAPress
+    assert type(make_press("h2o")) is ObservedAttentionPress is type(make_press("observed_attention"))
+    assert make_press("snapkv(window_size=32)").window_size == 32
+    assert type(make_press("KnormPress")) is KnormPress
+    adakv = make_press("adakv_snapkv")
     assert type(adakv) is AdaKVPress and type(adakv.press) is SnapKVPress
-    composed = parse_spec("composed([tova, rmm(lag=4)])")
+    composed = make_press("composed([tova, rmm(lag=4)])")
     assert type(composed) is ComposedPress and [type(p) for p in composed.presses] == [TOVAPress, RMMPress]
-    assert parse_spec("presses.rmm_press:RMMPress(lag=3)") == RMMPress(lag=3)
+    assert make_press("presses.rmm_press:RMMPress(lag=3)") == RMMPress(lag=3)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_press_specs_build_kvpress_and_our_presses_with_parameters_and_wrappers(
 )
 def test_a_bad_spec_is_a_one_line_error_that_lists_what_exists(spec, message):
     with pytest.raises(EvaluationError, match=None) as error:
-        parse_spec(spec)
+        make_press(spec)
     assert message in str(error.value) and "\n" not in str(error.value)
 
 

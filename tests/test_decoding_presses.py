@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from kvpress import DecodingPress, KeyRerotationPress, KnormPress, PrefillDecodingPress
 
-from evaluation.catalogue.specs import make_press
+from evaluation.catalogue.resolved import make_press
 from evaluation.engine.decoding import eos_ids, generate
 from presses import TOVAPress
 from tests.test_kvpress_integration import CONTEXT, QUESTIONS, make_generator
@@ -61,7 +61,7 @@ def test_the_shared_path_starts_the_question_where_the_per_cell_path_does():
     the full context's positions (one batch, two starts)."""
     import torch
 
-    from evaluation.catalogue.needs import question_position
+    from evaluation.catalogue.registry import question_position
     from evaluation.engine.decoding import decode_batch
     from evaluation.engine.history import History
 

@@ -11,7 +11,8 @@ from kvpress import DecodingPress
 from transformers import DynamicCache
 
 from evaluation.catalogue.budgets import Budget, press_cells, ratio_for
-from evaluation.catalogue.specs import DEFAULT_PRESSES, make_press
+from evaluation.catalogue.resolved import make_press, resolve_presses
+from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.engine.decoding import decode_batch, generate
 from evaluation.engine.history import History
 from evaluation.protocols.streaming.config import StreamConfig
@@ -37,7 +38,7 @@ def on_devices(arch: str, devices: int | None, attention: str = "sdpa"):
 
 
 def shared_grid(model) -> list[list[int]]:
-    cells = press_cells(SHARED, [Budget("ratio", 0.5)], "")
+    cells = press_cells(resolve_presses(SHARED), [Budget("ratio", 0.5)], "")
     presses = [make_press(name, ratio_for(budget, CONTEXT.shape[1])) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(CONTEXT[0].tolist(), "context")
@@ -113,7 +114,7 @@ def stream(model) -> list[str]:
         max_new_tokens=4,
         settings=LocomoSettings(conversations=None, placement="evidence", history="gold", data=None),
     )
-    cells = press_cells(config.presses, config.budgets, "")
+    cells = press_cells(resolve_presses(config.presses), config.budgets, "")
     store = MemoryStore(row_key, [])
     run = ConversationRun(config, LOCOMO, model, tokenizer, cells)
     run.run(parse_conversation(CONVERSATION), store, type("Bar", (), {"update": lambda self: None})())

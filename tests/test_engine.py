@@ -52,8 +52,9 @@ from kvpress import (
 from kvpress import TOVAPress as KVPressTOVA
 from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
 
-from evaluation.catalogue.needs import OWN_PREFILL, SHARED, needs
-from evaluation.catalogue.specs import make_press
+from evaluation.catalogue.needs import needs
+from evaluation.catalogue.registry import OWN_PREFILL, SHARED
+from evaluation.catalogue.resolved import make_press
 from evaluation.engine.history import History
 from evaluation.engine.hooks import mask_of
 from presses import RecentWindowPress, RMMPress, TOVAPress
@@ -242,11 +243,11 @@ def test_h2o_beside_a_press_that_reads_attention_rows_or_as_a_subclass_gets_its_
 
 
 def test_h2o_after_a_press_that_evicts_cannot_run_and_is_refused_before_any_work():
-    from evaluation.catalogue.specs import check_presses
+    from evaluation.catalogue.resolved import resolve_presses
     from evaluation.errors import EvaluationError
 
     with pytest.raises(EvaluationError, match="ObservedAttentionPress after a press that evicts"):
-        check_presses(["composed([knorm, h2o])"])
+        resolve_presses(["composed([knorm, h2o])"])
 
 
 def test_a_press_that_edits_keys_in_place_leaves_the_history_as_it_was(model):

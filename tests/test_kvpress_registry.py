@@ -46,7 +46,8 @@ from kvpress import (
 )
 
 import presses
-from evaluation.catalogue.specs import canonical, check_presses, make_press, parse_spec
+from evaluation.catalogue.resolved import make_press, resolve_presses
+from evaluation.catalogue.specs import canonical
 from evaluation.errors import EvaluationError
 from presses.wrapped import every_press
 
@@ -154,7 +155,7 @@ def test_the_table_has_every_name_of_kvpress_registry():
 
 @pytest.mark.parametrize("name", REGISTRY)
 def test_each_registry_name_builds_what_kvpress_registry_builds_offline(name, offline):
-    assert same_press(parse_spec(name), REGISTRY[name]())
+    assert same_press(make_press(name), REGISTRY[name]())
 
 
 @pytest.mark.parametrize("name", [name for name in REGISTRY if not name.startswith("kvzap_") or "mlp_" in name])
@@ -167,7 +168,7 @@ def test_a_threshold_press_kvpress_asks_a_threshold_for_is_refused_here(name):
     with pytest.raises(AssertionError, match="threshold"):
         kvpress_setup(REGISTRY[name](), RATIO)
     with pytest.raises(EvaluationError, match="DMSPress evicts by a score threshold, so no budget sets its size"):
-        check_presses([name])
+        resolve_presses([name])
     built = make_press(f"dms(kvzap(model_type='{name.split('_')[1]}'), threshold=-4.0)", RATIO)
     assert same_press(built, DMSPress(KVzapPress(model_type=name.split("_")[1]), threshold=-4.0))
 
@@ -175,18 +176,18 @@ def test_a_threshold_press_kvpress_asks_a_threshold_for_is_refused_here(name):
 @pytest.mark.parametrize("name", REGISTRY)
 def test_no_registry_name_is_a_traceback_before_a_run(name):
     try:
-        check_presses([name])
+        resolve_presses([name])
     except EvaluationError as error:
         assert "\n" not in str(error) and "unknown press" not in str(error)
 
 
 def test_tova_is_ours_and_kvpress_tova_theirs_and_no_press_is_the_full_cache():
-    assert type(parse_spec("tova")) is presses.TOVAPress
-    assert type(parse_spec("kvpress_tova")) is TOVAPress
+    assert type(make_press("tova")) is presses.TOVAPress
+    assert type(make_press("kvpress_tova")) is TOVAPress
     assert canonical("no_press") == "full" and make_press("no_press", RATIO) is None
 
 
 def test_a_class_name_takes_parameters_where_the_registry_name_is_a_construction():
-    assert same_press(parse_spec("ExpectedAttentionPress(epsilon=0.1)"), ExpectedAttentionPress(epsilon=0.1))
-    assert same_press(parse_spec("ChunkKVPress(knorm, chunk_length=8)"), ChunkKVPress(KnormPress(), chunk_length=8))
-    assert same_press(parse_spec("duo_attention(on_the_fly_scoring=True)"), REGISTRY["duo_attention_on_the_fly"]())
+    assert same_press(make_press("ExpectedAttentionPress(epsilon=0.1)"), ExpectedAttentionPress(epsilon=0.1))
+    assert same_press(make_press("ChunkKVPress(knorm, chunk_length=8)"), ChunkKVPress(KnormPress(), chunk_length=8))
+    assert same_press(make_press("duo_attention(on_the_fly_scoring=True)"), REGISTRY["duo_attention_on_the_fly"]())

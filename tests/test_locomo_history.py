@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from evaluation.catalogue.budgets import Budget
-from evaluation.catalogue.specs import DEFAULT_PRESSES, make_press
+from evaluation.catalogue.resolved import make_press
+from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.engine import history as history_module
 from evaluation.engine.decoding import decode
 from evaluation.engine.history import History

@@ -7,7 +7,8 @@ import sys
 import pytest
 from kvpress import ComposedPress, KnormPress
 
-from evaluation.catalogue.specs import MAX_DEPTH, check_presses, parse_spec
+from evaluation.catalogue.resolved import make_press, resolve_press, resolve_presses
+from evaluation.catalogue.specs import MAX_DEPTH
 from evaluation.errors import EvaluationError
 
 CALLS: list[str] = []
@@ -27,7 +28,7 @@ def not_a_class() -> None:
 def refused(spec: str) -> str:
     """The one-line message ``spec`` is refused with."""
     with pytest.raises(EvaluationError) as error:
-        parse_spec(spec)
+        make_press(spec)
     assert "\n" not in str(error.value)
     return str(error.value)
 
@@ -84,23 +85,34 @@ def test_anything_but_literals_and_presses_is_a_one_line_error(spec, message):
 def test_specs_nest_at_most_max_depth_and_deeper_is_refused_before_any_name_is_looked_up():
     assert MAX_DEPTH == 8
     nested = "composed([composed([composed([knorm])])])"  # 7 deep: a press, a list, a press...
-    assert type(parse_spec(nested).presses[0].presses[0].presses[0]) is KnormPress
+    assert type(make_press(nested).presses[0].presses[0].presses[0]) is KnormPress
     assert "presses nest more than 8 deep" in refused("composed([composed([composed([composed([knorm])])])])")
     assert "nest more than 8 deep" in refused("nosuch(" * 9 + ")" * 9)
     assert "values nest more than 8 deep" in refused("per_layer(knorm, compression_ratios=" + "[" * 8 + "]" * 8 + ")")
 
 
 def test_literals_strings_and_import_paths_are_what_they_look_like():
-    assert parse_spec("rmm(lag=4, correctness=[1.0, 0.5, 0])").correctness.tolist() == [[1.0, 0.5, 0.0]]
+    assert make_press("rmm(lag=4, correctness=[1.0, 0.5, 0])").correctness.tolist() == [[1.0, 0.5, 0.0]]
     assert "RMMPress: correctness must be one of" in refused("rmm(correctness='pkg.mod:Name')")  # a string
-    composed = parse_spec("composed((kvpress:KnormPress(0.25), presses:TOVAPress))")
+    composed = make_press("composed((kvpress:KnormPress(0.25), presses:TOVAPress))")
     assert type(composed) is ComposedPress and composed.presses[0] == KnormPress(0.25)
-    assert parse_spec("no_press") is None and parse_spec("full") is None
+    assert make_press("no_press") is None and make_press("full") is None
 
 
-def test_check_presses_reports_a_press_no_budget_can_set_in_one_line():
+def test_resolve_presses_reports_a_press_no_budget_can_set_in_one_line():
     with pytest.raises(
         EvaluationError, match="DMSPress evicts by a score threshold, so no budget sets its size"
     ) as error:
-        check_presses(["kvzap_mlp"])
+        resolve_presses(["kvzap_mlp"])
     assert "\n" not in str(error.value)
+
+
+def test_a_spec_is_resolved_once_and_each_cell_builds_a_fresh_press_from_it():
+    resolved = resolve_press("rmm(lag=4, correctness='uniform')")
+    assert resolve_press("rmm(lag=4, correctness='uniform')") is resolved
+    assert resolved.label == "rmm(lag=4,correctness='uniform')" and resolved.describe().startswith("shared prefill")
+    first, second = resolved.build(0.5, 100), resolved.build(0.25, 100)
+    assert first is not second and (first.compression_ratio, second.compression_ratio) == (0.5, 0.25)
+    assert resolved.commit_lag == 4 and resolved.budget_refusal(5) == ""
+    assert "RMMPress(lag=4) never evicts its 4 newest positions: use a lag below 4" in resolved.budget_refusal(4)
+    assert resolve_press("no_press").build(0.5) is None and resolve_press("full").describe() == "the full cache"

@@ -8,7 +8,7 @@ import weakref
 import torch
 from transformers import DynamicCache
 
-from evaluation.catalogue.specs import make_press
+from evaluation.catalogue.resolved import make_press
 from evaluation.engine.decoding import decode, decode_batch
 from evaluation.engine.history import History
 from evaluation.engine.hooks import Compressed, cache_of

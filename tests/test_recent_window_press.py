@@ -8,8 +8,7 @@ import torch
 from kvpress import ObservedAttentionPress
 from kvpress.utils import compute_n_kept
 
-from evaluation.catalogue.needs import budget_refusal
-from evaluation.catalogue.specs import make_press, parse_spec
+from evaluation.catalogue.resolved import make_press, resolve_press
 from evaluation.errors import EvaluationError
 from evaluation.protocols.traces.policies import LayerTrace, PressPolicy, StreamedPolicy, recency_control
 from evaluation.protocols.traces.replay import replay
@@ -62,15 +61,16 @@ def test_it_keeps_the_window_and_the_heaviest_hitters_of_the_rest(eager_model, w
 def test_a_window_the_budget_cannot_hold_is_refused_before_any_work():
     press = make_press("recent_window(h2o, window=16)", 0.5)
     assert press.compression_ratio == 0.5 and press.press.compression_ratio == 0.5
-    assert budget_refusal(press, 17) == ""
-    assert "use a window below 16" in budget_refusal(press, 16)
+    resolved = resolve_press("recent_window(h2o, window=16)")
+    assert resolved.budget_refusal(17) == ""
+    assert "use a window below 16" in resolved.budget_refusal(16)
     with pytest.raises(EvaluationError, match="window must be an integer >= 0"):
-        parse_spec("recent_window(h2o, window=-1)")
+        make_press("recent_window(h2o, window=-1)")
     with pytest.raises(EvaluationError, match="ScorerPress"):
-        parse_spec("recent_window(press=decoding(knorm))")
+        make_press("recent_window(press=decoding(knorm))")
     for inner in ("pyramidkv", "rmm"):  # per-layer budgets, a smoother: their own compress, which score() bypasses
         with pytest.raises(EvaluationError, match="decides more than its scores"):
-            parse_spec(f"recent_window(press={inner}, window=4)")
+            make_press(f"recent_window(press={inner}, window=4)")
 
 
 def hand_trace(length: int) -> LayerTrace:

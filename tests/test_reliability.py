@@ -282,7 +282,7 @@ def test_an_eager_prefill_that_would_not_fit_is_a_failed_cell_before_it_runs(mon
     import psutil
     import torch
 
-    from evaluation.catalogue.specs import make_press
+    from evaluation.catalogue.resolved import make_press
     from evaluation.engine.decoding import generate
     from evaluation.errors import PressCannotRun
     from tests.helpers import tiny_model

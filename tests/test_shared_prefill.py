@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from evaluation.catalogue.budgets import Budget, ratio_for
-from evaluation.catalogue.specs import DEFAULT_PRESSES, make_press
+from evaluation.catalogue.resolved import make_press
+from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.engine.decoding import decode_batch, generate
 from evaluation.engine.history import History
 from tests.helpers import history_kept, implementation, prefill, tiny_model

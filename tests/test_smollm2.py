@@ -15,7 +15,8 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from evaluation.catalogue.budgets import Budget, press_cells, ratio_for
-from evaluation.catalogue.specs import DEFAULT_PRESSES, FULL_CACHE, make_press
+from evaluation.catalogue.resolved import make_press, resolve_presses
+from evaluation.catalogue.specs import DEFAULT_PRESSES, FULL_CACHE
 from evaluation.engine.decoding import decode, decode_batch, eos_ids
 from evaluation.engine.history import History
 from evaluation.protocols.longbench.data import load_configs, load_task
@@ -161,7 +162,8 @@ def test_shared_path_equals_per_cell_path_on_three_multi_news_examples(smollm2):
     data_dir = SHARED_DATA / "longbench"
     task = load_configs(data_dir, ["multi_news"])["multi_news"]
     presses = [*DEFAULT_PRESSES[1:], "rmm(lag=16)"]
-    cells = [(FULL_CACHE, None), *press_cells(presses, [Budget("ratio", 0.5), Budget("ratio", 0.75)], "")]
+    budgets = [Budget("ratio", 0.5), Budget("ratio", 0.75)]
+    cells = [(FULL_CACHE, None), *press_cells(resolve_presses(presses), budgets, "")]
     stop = eos_ids(sdpa)
     for example in load_task(data_dir, "multi_news", 3):
         prompt = build_prompt(example, task, tokenizer, 512, query_aware=False)

@@ -1,2 +1,3 @@
-"""The press catalogue: what a spec names (``specs``), KVPress's names and how a budget reaches a press
-(``registry``), what each press reads of a prefill (``needs``), and budgets (``budgets``)."""
+"""The press catalogue: what a spec is (``specs``), the press classes and what each declares of itself
+(``registry``), what a press reads of a prefill (``needs``), a spec resolved once for a run (``resolved``), and
+budgets (``budgets``)."""

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError
+
+if TYPE_CHECKING:  # resolved presses import KVPress, which the command line does not load to start
+    from evaluation.catalogue.resolved import ResolvedPress
 
 
 @dataclass(frozen=True)
@@ -42,20 +46,6 @@ class Budget:
 Cell = tuple[str, Budget | None]  # a press name and its budget (None for the full cache)
 
 
-def check_token_budgets(cells: list[Cell]) -> None:
-    """A press that cannot keep a cell's token budget at all is refused before any work (ratio budgets depend on
-    each context's length: such a cell is recorded as failed)."""
-    from evaluation.catalogue.needs import budget_refusal
-    from evaluation.catalogue.specs import make_press
-
-    for spec, budget in cells:
-        if budget is not None and budget.kind == "tokens":
-            press = make_press(spec, 0.5)
-            reason = budget_refusal(press, int(budget.value)) if press is not None else ""
-            if reason:
-                raise EvaluationError(f"press spec {spec!r} at a budget of {budget.label}: {reason}")
-
-
 def parse_budgets(ratios: list[float] | None, tokens: list[int] | None) -> list[Budget]:
     """The budgets asked for, each once, in the order given."""
     budgets = [Budget("ratio", r) for r in ratios or []] + [Budget("tokens", t) for t in tokens or []]
@@ -83,12 +73,22 @@ def ratio_for(budget: Budget | None, length: int) -> float:
     return budget.compression_ratio(length) if budget else 0.0
 
 
-def press_cells(presses: list[str], budgets: list[Budget], budget_options: str) -> list[Cell]:
-    """The full cache once (if asked for), then every other press at every budget, each cell once."""
-    presses, budgets = list(dict.fromkeys(presses)), list(dict.fromkeys(budgets))
-    if not budgets and any(press != FULL_CACHE for press in presses):
+def press_cells(presses: list[ResolvedPress], budgets: list[Budget], budget_options: str) -> list[Cell]:
+    """The full cache once (if asked for), then every other press at every budget, each cell once.
+
+    Raises
+    ------
+    EvaluationError
+        One line, for no budget, or a press that cannot keep a cell's token budget at all (a ratio budget depends
+        on each context's length: such a cell is recorded as failed).
+    """
+    presses, budgets = list({press.label: press for press in presses}.values()), list(dict.fromkeys(budgets))
+    if not budgets and any(press.label != FULL_CACHE for press in presses):
         raise EvaluationError(f"no budget: give at least one {budget_options} value")
-    full = [(FULL_CACHE, None)] if FULL_CACHE in presses else []
-    cells = full + [(press, budget) for press in presses if press != FULL_CACHE for budget in budgets]
-    check_token_budgets(cells)
-    return cells
+    for press in presses:
+        for budget in budgets:
+            reason = press.budget_refusal(int(budget.value)) if budget.kind == "tokens" else ""
+            if reason:
+                raise EvaluationError(f"press spec {press.label!r} at a budget of {budget.label}: {reason}")
+    full = [(FULL_CACHE, None)] if any(press.label == FULL_CACHE for press in presses) else []
+    return full + [(press.label, budget) for press in presses if press.label != FULL_CACHE for budget in budgets]

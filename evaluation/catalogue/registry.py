@@ -1,20 +1,33 @@
-"""The press names a spec may use, and how a cell's compression ratio reaches the press: the one place that
-knows them.
+"""The press classes: the one module that names and imports them, and what each declares of itself.
 
-Every name of ``PRESS_REGISTRY`` in KVPress's ``evaluation/evaluate_registry.py`` builds what that registry
+Names. Every name of ``PRESS_REGISTRY`` in KVPress's ``evaluation/evaluate_registry.py`` builds what that registry
 builds, the same class with the same parameters (so the ``repr`` is equal), with one exception: ``tova`` is this
 project's ``presses.TOVAPress``; KVPress's ``TOVAPress`` is ``kvpress_tova`` (and ``cam_tova`` and
-``decoding_tova`` hold KVPress's, as its registry builds them). ``no_press`` is the full cache, ``full``.
+``decoding_tova`` hold KVPress's, as its registry builds them). ``CLASSES`` names one press class; it takes
+parameters (``snapkv(window_size=32)``) and wraps other specs (``adakv(snapkv)``). Every class KVPress exports is a
+name too (``KnormPress``). The registry's constructions of several classes are specs (``specs.COMPOSITES``).
 
-- ``CLASSES``: a name for one press class; it takes parameters (``snapkv(window_size=32)``) and wraps other specs
-  (``adakv(snapkv)``). Every class KVPress exports is a name too (``KnormPress``).
-- ``COMPOSITES``: a name for one of the registry's constructions, written as a spec (``expected_attention`` is
-  ``adakv(ExpectedAttentionPress(epsilon=1e-2))``, as in KVPress's registry). It takes no parameters: write its
-  spec with them.
+Declarations. A prefill press prunes each layer's cache after that layer's attention, from that layer's inputs:
+its hidden states, the rotary embeddings, the layer's keys and values and, under eager attention, the attention
+weights. So one uncompressed prefill can serve every such press: keep what its hook would have received and run
+its own hook on it (``evaluation.engine``). What to keep is declared here, per press class (``Declared``), and
+``evaluation.catalogue.needs`` combines it over the presses a wrapper holds:
 
-The cell's compression ratio is set as KVPress's ``evaluate.py`` sets its ``--compression_ratio`` (``set_ratio``).
-KVPress's evaluation has further flags where a press takes no compression ratio; the cell's one ratio takes
-their place: ``ThinKPress``'s ``key_channel_compression_ratio`` and ``DuoAttentionPress``'s
+- ``rows``: how many of the newest rows of each layer's input the press reads (``ALL``: every one);
+- ``sums``: the column sums of the attention weights it reads instead of the weights themselves
+  (``presses.column_sums``): ``ObservedAttentionPress`` reads H2O's sums, handed to it as a one-row stand-in for
+  the eager matrix; ``RMMPress`` its own statistic, handed through the attention module;
+- ``path``: ``shared`` (the engine runs its hook on the stored inputs), ``own-prefill`` (it runs forward passes of
+  its own, or mixes H2O's sums with presses that read attention rows: a prefill under the press per cell, per
+  question on the streaming protocols), ``decoding`` (it compresses while the answer is generated) or ``refused``
+  (it cannot run on these protocols at all: ``refusal`` says why).
+
+A class not declared here is read conservatively: every row, no sums, and its own prefill if it replaces KVPress's
+context manager or forward hook.
+
+Budgets. The cell's compression ratio is set as KVPress's ``evaluate.py`` sets its ``--compression_ratio``
+(``set_ratio``). KVPress's evaluation has further flags where a press takes no compression ratio; the cell's one
+ratio takes their place: ``ThinKPress``'s ``key_channel_compression_ratio`` and ``DuoAttentionPress``'s
 ``head_compression_ratio``. A ``DMSPress`` evicts by a score threshold, which no ratio sets: it is left as built. A
 decoding press (``DecodingPress``, ``CAMPress``, ``PrefillDecodingPress``) gets the budget as its target size.
 
@@ -26,13 +39,20 @@ offline.
 
 from __future__ import annotations
 
+import importlib
 import inspect
-from functools import cache
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from evaluation.errors import EvaluationError
+import kvpress as k
+from kvpress.presses.base_press import BasePress
 
-FULL_CACHE = "full"
-NO_PRESS = "no_press"  # KVPress's name for the full cache
+import presses
+from evaluation.catalogue.specs import COMPOSITES, FULL_CACHE, NO_PRESS
+from evaluation.errors import EvaluationError, first_line
+from presses.column_sums import H2O_SUMS, ColumnSums
+from presses.wrapped import every_press
+
 CLASSES = {
     "adakv": "AdaKVPress",
     "block": "BlockPress",
@@ -71,65 +91,145 @@ CLASSES = {
     "think": "ThinKPress",
 }
 OURS = {"tova": "TOVAPress", "rmm": "RMMPress", "recent_window": "RecentWindowPress"}
-COMPOSITES = {
-    "adakv_compactor": "adakv(compactor)",
-    "adakv_expected_attention": "adakv(ExpectedAttentionPress)",  # KVPress's registry before kvpress 0.5
-    "adakv_snapkv": "adakv(snapkv)",
-    "block_keydiff": "block(keydiff, block_size=128)",
-    "cam_adakv_snapkv": "cam(adakv(snapkv))",
-    "cam_knorm": "cam(knorm)",
-    "cam_streaming_llm": "cam(streaming_llm)",
-    "cam_tova": "cam(kvpress_tova)",
-    "chunkkv": "ChunkKVPress(snapkv, chunk_length=20)",
-    "critical_adakv_expected_attention": "critical_adakv(ExpectedAttentionPress(use_vnorm=False))",
-    "critical_adakv_snapkv": "critical_adakv(snapkv)",
-    "critical_expected_attention": "critical(ExpectedAttentionPress(use_vnorm=False))",
-    "critical_snapkv": "critical(snapkv)",
-    "decoding_adakv_expected_attention_e2": "decoding(adakv(ExpectedAttentionPress(epsilon=1e-2)))",
-    "decoding_adakv_snapkv": "decoding(adakv(snapkv))",
-    "decoding_keydiff": "decoding(keydiff)",
-    "decoding_knorm": "decoding(knorm)",
-    "decoding_qfilter": "decoding(qfilter)",
-    "decoding_streaming_llm": "decoding(streaming_llm)",
-    "decoding_tova": "decoding(kvpress_tova)",
-    "duo_attention_on_the_fly": "duo_attention(on_the_fly_scoring=True)",
-    "expected_attention": "adakv(ExpectedAttentionPress(epsilon=1e-2))",
-    "kvcompose_unstructured": "kvcompose(structured=False)",
-    "kvzap_linear": "dms(kvzap(model_type='linear'))",
-    "kvzap_mlp": "dms(kvzap(model_type='mlp'))",
-    "kvzap_mlp_head": "kvzap(model_type='mlp')",
-    "kvzap_mlp_layer": "adakv(kvzap(model_type='mlp'))",
-    "kvzip_plus": "kvzip(kvzip_plus_normalization=True)",
-    "merging_expected_attention": "merging(ExpectedAttentionPress(epsilon=1e-2))",
-    "merging_kvzap_mlp": "merging(kvzap(model_type='mlp'))",
-    "merging_knorm": "merging(knorm)",
-    "merging_snapkv": "merging(snapkv)",
-    "RestoreKV_plus": "RestoreKV(kvzip_plus_normalization=True)",
-    "snap_think": "composed([snapkv, think])",
+EXPORTED = {
+    name: cls
+    for name, cls in ((name, getattr(k, name)) for name in k.__all__)
+    if inspect.isclass(cls) and issubclass(cls, BasePress)
 }
-
-
-@cache
-def press_classes() -> dict[str, type]:
-    """Every press class a spec can name: this project's, KVPress's names, and every class KVPress exports."""
-    import kvpress
-    from kvpress.presses.base_press import BasePress
-
-    import presses
-
-    exported = {name: getattr(kvpress, name) for name in kvpress.__all__}
-    exported = {name: cls for name, cls in exported.items() if inspect.isclass(cls) and issubclass(cls, BasePress)}
-    known = {name: exported[cls] for name, cls in CLASSES.items()}
-    known |= {name: getattr(presses, cls) for name, cls in OURS.items()}
-    return known | {name: cls for name, cls in exported.items() if name not in ("BasePress", "ScorerPress")}
+# every press class a spec can name: this project's, KVPress's names, and every class KVPress exports
+PRESS_CLASSES = (
+    {name: EXPORTED[cls] for name, cls in CLASSES.items()}
+    | {name: getattr(presses, cls) for name, cls in OURS.items()}
+    | {name: cls for name, cls in EXPORTED.items() if name not in ("BasePress", "ScorerPress")}
+)
 
 
 def known_names() -> str:
     """Every name a spec may use, for messages."""
-    return ", ".join(sorted({*press_classes(), *COMPOSITES}))
+    return ", ".join(sorted({*PRESS_CLASSES, *COMPOSITES}))
 
 
-def set_ratio(press: object, compression_ratio: float, length: int | None = None) -> None:
+def press_class(name: str, spec: str) -> type:
+    """The class a press name or import path of ``spec`` names, checked to be a press; an import path is imported
+    here."""
+    if ":" not in name:
+        if name in (FULL_CACHE, NO_PRESS):
+            raise EvaluationError(f"press spec {spec!r}: {name} is the uncompressed cache, a spec on its own")
+        if name not in PRESS_CLASSES:
+            raise EvaluationError(f"press spec {spec!r}: unknown press {name!r}; known: {known_names()}")
+        return PRESS_CLASSES[name]
+    module, _, attribute = name.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except Exception as error:  # importing runs the module: whatever it raises is reported in one line
+        raise EvaluationError(f"press spec {spec!r}: cannot import {name} ({first_line(error)})") from error
+    if not (inspect.isclass(found) and issubclass(found, BasePress)):
+        raise EvaluationError(
+            f"press spec {spec!r}: {name} is not a press (a subclass of KVPress's BasePress); a spec names presses only"
+        )
+    return found
+
+
+SHARED, OWN_PREFILL, DECODING, REFUSED = "shared", "own-prefill", "decoding", "refused"
+ALL = None  # reads every row of the layer's input
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a press class reads of a prefill, and how the engine may serve it (see the module's docstring)."""
+
+    rows: int | Callable[[BasePress], int | None] | None = ALL  # a number, ALL, or a function of the press
+    path: str = SHARED
+    blind: bool = False  # never reads the attention weights (so H2O's stand-in may reach it)
+    weights: bool = False  # reads the attention weights: eager in a prefill of its own, else H2O's sums' stand-in
+    sums: Callable[[BasePress], frozenset[ColumnSums]] | None = None  # the column sums it reads instead
+    rescores: bool = False  # after another press evicted, it scores the prompt's keys recomputed from every row
+    protects: str = ""  # the parameter that counts the newest positions it never evicts
+    refusal: str = ""  # why it cannot run on these protocols at all (path REFUSED)
+
+
+def _window(press: BasePress) -> int:
+    return press.window_size
+
+
+def _rmm_rows(press: presses.RMMPress) -> int | None:
+    return 0 if isinstance(press.correctness, str) else ALL
+
+
+def _rmm_sums(press: presses.RMMPress) -> frozenset[ColumnSums]:
+    return frozenset({press.statistic}) if isinstance(press.correctness, str) else frozenset()
+
+
+def _h2o_sums(press: BasePress) -> frozenset[ColumnSums]:
+    return frozenset({H2O_SUMS})
+
+
+KEYS_ONLY = Declared(rows=0, blind=True)
+# a wrapper that hands every row to its presses reads nothing itself; those that cut the input into chunks or
+# blocks (``ChunkPress``, ``BlockPress``...) are undeclared: all rows
+WRAPPER = Declared(rows=0, blind=True)
+DECLARATIONS: dict[type, Declared] = {
+    **dict.fromkeys([k.KnormPress, k.StreamingLLMPress, k.RandomPress, k.KeyDiffPress, k.LagKVPress], KEYS_ONLY),
+    k.QFilterPress: KEYS_ONLY,
+    k.ObservedAttentionPress: Declared(rows=0, weights=True, sums=_h2o_sums),
+    k.SnapKVPress: Declared(rows=_window),
+    k.PyramidKVPress: Declared(rows=_window),
+    k.ThinKPress: Declared(rows=_window),
+    k.TOVAPress: Declared(rows=1),
+    presses.TOVAPress: Declared(rows=1, rescores=True),
+    presses.RMMPress: Declared(rows=_rmm_rows, sums=_rmm_sums, rescores=True, protects="lag"),
+    k.ExpectedAttentionPress: Declared(blind=True),
+    k.ExpectedAttentionStatsPress: Declared(blind=True),
+    **dict.fromkeys(
+        [k.AdaKVPress, k.CriticalKVPress, k.CriticalAdaKVPress, k.KeyRerotationPress, k.ComposedPress], WRAPPER
+    ),
+    k.PerLayerCompressionPress: WRAPPER,
+    presses.RecentWindowPress: Declared(rows=0, blind=True, protects="window"),
+    **dict.fromkeys([k.DecodingPress, k.CAMPress, k.CompressionRatioDecodingPress], Declared(path=DECODING)),
+    k.PrefillDecodingPress: Declared(path=DECODING),
+    k.DMSPress: Declared(
+        path=REFUSED,
+        refusal="DMSPress evicts by a score threshold, so no budget sets its size, and these protocols compare "
+        "presses at equal budgets: give its scorer alone, e.g. kvzap(model_type='mlp')",
+    ),
+    **dict.fromkeys(
+        [k.KVzipPress, k.FastKVzipPress, k.KVComposePress, k.KVgradPress, k.RestoreKVPress, k.FinchPress],
+        Declared(path=OWN_PREFILL),
+    ),
+}
+
+
+def declared(press: BasePress) -> Declared:
+    """The press's own declaration; an undeclared class reads every row, and takes its own prefill if it
+    replaces KVPress's context manager or forward hook (it may run anything)."""
+    known = DECLARATIONS.get(type(press))
+    if known is not None:
+        return known
+    hooks = type(press).__call__ is not BasePress.__call__ or type(press).forward_hook is not BasePress.forward_hook
+    base = next((DECLARATIONS[cls] for cls in type(press).__mro__[1:] if cls in DECLARATIONS), Declared())
+    # a subclass may read more than its base: every row, and its own prefill if its base or its hooks need one
+    path = base.path if base.path != SHARED else OWN_PREFILL if hooks else SHARED
+    return Declared(path=path, weights=base.weights, refusal=base.refusal)
+
+
+def after_eviction(press: BasePress) -> list[BasePress]:
+    """The presses of a ``ComposedPress`` that run after another has evicted (they see fewer keys than rows)."""
+    return [
+        late
+        for p in every_press(press)
+        if type(p) is k.ComposedPress
+        for held in p.presses[1:]
+        for late in every_press(held)
+    ]
+
+
+def commit_lag(press: BasePress | None) -> int | None:
+    """The commit lag of the ``RMMPress`` a press holds (None: no RMMPress, or one at ``lag=None``)."""
+    lags = [held.lag for held in every_press(press) if type(held) is presses.RMMPress] if press is not None else []
+    return next((lag for lag in lags if lag is not None), None)
+
+
+def set_ratio(press: BasePress, compression_ratio: float, length: int | None = None) -> None:
     """Set ``press`` to evict ``compression_ratio`` of a ``length``-token context, as KVPress's evaluation sets it.
 
     A decoding press keeps what the budget keeps of the context while the answer is generated: a
@@ -142,28 +242,46 @@ def set_ratio(press: object, compression_ratio: float, length: int | None = None
     EvaluationError
         One line, for a press no ratio can set: a press with no ``compression_ratio`` or one it refuses.
     """
-    import kvpress
-
-    if isinstance(press, kvpress.ComposedPress):
+    if isinstance(press, k.ComposedPress):
         for held in press.presses:
             set_ratio(held, compression_ratio, length)
-    elif isinstance(press, kvpress.PrefillDecodingPress):
+    elif isinstance(press, k.PrefillDecodingPress):
         for part in (press.prefilling_press, press.decoding_press):
             if part is not None:
                 set_ratio(part, compression_ratio, length)
-    elif isinstance(press, kvpress.CompressionRatioDecodingPress):
+    elif isinstance(press, k.CompressionRatioDecodingPress):
         press.target_compression_ratio = compression_ratio
-    elif isinstance(press, kvpress.DecodingPress):
+    elif isinstance(press, k.DecodingPress):
         if length is not None:
             press.target_size = max(1, int(length * (1 - compression_ratio)))
-    elif isinstance(press, kvpress.ThinKPress):
+    elif isinstance(press, k.ThinKPress):
         press.key_channel_compression_ratio = compression_ratio
-    elif isinstance(press, kvpress.DuoAttentionPress):
+    elif isinstance(press, k.DuoAttentionPress):
         press.head_compression_ratio = compression_ratio
-    elif not isinstance(press, kvpress.DMSPress):  # a threshold, not a ratio, sets its size: left as built
+    elif not isinstance(press, k.DMSPress):  # a threshold, not a ratio, sets its size: left as built
         if "compression_ratio" not in dir(press):  # dir, not hasattr: some getters assert a forward has run
             raise EvaluationError(f"{type(press).__name__} has no compression_ratio for the budget to set")
         try:
             press.compression_ratio = compression_ratio
         except (AttributeError, AssertionError, ValueError) as error:
             raise EvaluationError(f"{type(press).__name__} refuses a compression ratio: {error}") from error
+
+
+def prefills_under(press: BasePress) -> bool:
+    """Whether the context is prefilled under the press: not for KVPress's ``DecodingPress`` family, which leaves the
+    prefill uncompressed (as KVPress's pipeline runs it)."""
+    return not isinstance(press, k.DecodingPress)
+
+
+def compresses_while_decoding(press: BasePress) -> bool:
+    """Whether the press runs while the question is appended and the answer generated: as KVPress's pipeline decides
+    it, by the outermost press (a ``DecodingPress``, ``CAMPress``, ``PrefillDecodingPress``)."""
+    return isinstance(press, (k.DecodingPress, k.PrefillDecodingPress))
+
+
+def question_position(press: BasePress | None, context_length: int, cache_length: int) -> int:
+    """Where the question starts, as KVPress's pipeline puts it: after the whole context, except after a press that
+    re-rotates the kept keys to positions 0..n-1 (``KeyRerotationPress``, ``FinchPress(rerotate_keys=True)``,
+    ``RestoreKVPress``): after the n kept."""
+    rerotated = isinstance(press, (k.KeyRerotationPress, k.RestoreKVPress))
+    return cache_length if rerotated or (isinstance(press, k.FinchPress) and press.rerotate_keys) else context_length

@@ -3,33 +3,72 @@
 A spec is a call expression whose values are Python literals or other specs:
 
 - a name: ``snapkv``, ``h2o``, ``rmm``, any name of KVPress's evaluation registry (``expected_attention``,
-  ``kvzap_mlp``...), or any press class KVPress exports (``KnormPress``); the names are in
+  ``kvzap_mlp``...), or any press class KVPress exports (``KnormPress``); the class names are in
   ``evaluation.catalogue.registry``, with how they follow KVPress's;
 - a name with constructor parameters: ``rmm(lag=64, correctness="uniform")``, ``snapkv(window_size=32)``;
 - a KVPress wrapper around specs: ``adakv(snapkv)``, ``key_rerotation(tova)``, ``composed([snapkv, knorm])``;
 - a press of your own by import path: ``my_pkg.presses:MyPress(alpha=0.3)``.
 
-A spec runs no code but a press's constructor. It is checked whole before anything is imported: a value is a
-literal (``1``, ``0.5``, ``"text"``, ``None``, a list, tuple or dict of them) or a list or tuple of specs; names,
-attributes, operators, ``*``, ``**``, lambdas and comprehensions are refused, and specs nest at most
-``MAX_DEPTH`` deep. Only a module the spec names by import path is imported, and what it names is called only if
-it is a class that subclasses KVPress's ``BasePress``. Each mistake is a one-line ``EvaluationError``.
+A spec runs no code but a press's constructor. It is checked whole here (``plan_spec``) before anything is
+imported: a value is a literal (``1``, ``0.5``, ``"text"``, ``None``, a list, tuple or dict of them) or a list or
+tuple of specs; names, attributes, operators, ``*``, ``**``, lambdas and comprehensions are refused, and specs nest
+at most ``MAX_DEPTH`` deep. Only then are its names looked up and its presses built
+(``evaluation.catalogue.resolved``). Each mistake is a one-line ``EvaluationError``.
+
+``COMPOSITES`` names each of KVPress's registry constructions that is not one class, written as a spec
+(``expected_attention`` is ``adakv(ExpectedAttentionPress(epsilon=1e-2))``, as in KVPress's registry). It takes no
+parameters: write its spec with them.
 
 ``full`` (or KVPress's ``no_press``) is the uncompressed cache. The spec, without spaces, is the press's name in
-every row, table and scorecard.
+every row, table and scorecard (``canonical``).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
-import inspect
 import re
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 
-from evaluation.catalogue.registry import COMPOSITES, FULL_CACHE, NO_PRESS, known_names, press_classes, set_ratio
-from evaluation.errors import EvaluationError, first_line
+from evaluation.errors import EvaluationError
 
+FULL_CACHE = "full"
+NO_PRESS = "no_press"  # KVPress's name for the full cache
+COMPOSITES = {
+    "adakv_compactor": "adakv(compactor)",
+    "adakv_expected_attention": "adakv(ExpectedAttentionPress)",  # KVPress's registry before kvpress 0.5
+    "adakv_snapkv": "adakv(snapkv)",
+    "block_keydiff": "block(keydiff, block_size=128)",
+    "cam_adakv_snapkv": "cam(adakv(snapkv))",
+    "cam_knorm": "cam(knorm)",
+    "cam_streaming_llm": "cam(streaming_llm)",
+    "cam_tova": "cam(kvpress_tova)",
+    "chunkkv": "ChunkKVPress(snapkv, chunk_length=20)",
+    "critical_adakv_expected_attention": "critical_adakv(ExpectedAttentionPress(use_vnorm=False))",
+    "critical_adakv_snapkv": "critical_adakv(snapkv)",
+    "critical_expected_attention": "critical(ExpectedAttentionPress(use_vnorm=False))",
+    "critical_snapkv": "critical(snapkv)",
+    "decoding_adakv_expected_attention_e2": "decoding(adakv(ExpectedAttentionPress(epsilon=1e-2)))",
+    "decoding_adakv_snapkv": "decoding(adakv(snapkv))",
+    "decoding_keydiff": "decoding(keydiff)",
+    "decoding_knorm": "decoding(knorm)",
+    "decoding_qfilter": "decoding(qfilter)",
+    "decoding_streaming_llm": "decoding(streaming_llm)",
+    "decoding_tova": "decoding(kvpress_tova)",
+    "duo_attention_on_the_fly": "duo_attention(on_the_fly_scoring=True)",
+    "expected_attention": "adakv(ExpectedAttentionPress(epsilon=1e-2))",
+    "kvcompose_unstructured": "kvcompose(structured=False)",
+    "kvzap_linear": "dms(kvzap(model_type='linear'))",
+    "kvzap_mlp": "dms(kvzap(model_type='mlp'))",
+    "kvzap_mlp_head": "kvzap(model_type='mlp')",
+    "kvzap_mlp_layer": "adakv(kvzap(model_type='mlp'))",
+    "kvzip_plus": "kvzip(kvzip_plus_normalization=True)",
+    "merging_expected_attention": "merging(ExpectedAttentionPress(epsilon=1e-2))",
+    "merging_kvzap_mlp": "merging(kvzap(model_type='mlp'))",
+    "merging_knorm": "merging(knorm)",
+    "merging_snapkv": "merging(snapkv)",
+    "RestoreKV_plus": "RestoreKV(kvzip_plus_normalization=True)",
+    "snap_think": "composed([snapkv, think])",
+}
 DEFAULT_PRESSES = (FULL_CACHE, "snapkv", "h2o", "streaming_llm", "tova", "rmm")
 MAX_DEPTH = 8  # presses, lists and tuples nested in one another
 MAX_LENGTH = 1000  # characters
@@ -65,21 +104,15 @@ class Rules:
         return EvaluationError(f"press spec {self.spec!r}: {message}")
 
 
-def parse_spec(spec: str) -> object:
-    """Build the press a spec names (None for the full cache).
+def plan_spec(spec: str) -> PressCall:
+    """The press calls and literal values of a spec (not the full cache), every rule checked; nothing imported,
+    nothing called.
 
     Raises
     ------
     EvaluationError
         One line, for any spec that is not a press: what is wrong and what to write instead.
     """
-    if canonical(spec) == FULL_CACHE:
-        return None
-    return _build(_plan_spec(spec), spec)
-
-
-def _plan_spec(spec: str) -> PressCall:
-    """The spec's press calls and literal values, every rule checked; nothing imported, nothing called."""
     if len(spec) > MAX_LENGTH:
         raise EvaluationError(
             f"press spec {spec[:40]!r}...: longer than {MAX_LENGTH} characters; write a shorter one, "
@@ -153,78 +186,7 @@ def _value(node: ast.expr, rules: Rules, depth: int) -> object:
         ) from error
 
 
-def _press_class(name: str, spec: str) -> type:
-    """The class a press name or import path names, checked to be a press; an import path is imported here."""
-    from kvpress.presses.base_press import BasePress
-
-    if ":" not in name:
-        if name in (FULL_CACHE, NO_PRESS):
-            raise EvaluationError(f"press spec {spec!r}: {name} is the uncompressed cache, a spec on its own")
-        if name not in press_classes():
-            raise EvaluationError(f"press spec {spec!r}: unknown press {name!r}; known: {known_names()}")
-        return press_classes()[name]
-    module, _, attribute = name.partition(":")
-    try:
-        found = getattr(importlib.import_module(module), attribute)
-    except Exception as error:  # importing runs the module: whatever it raises is reported in one line
-        raise EvaluationError(f"press spec {spec!r}: cannot import {name} ({first_line(error)})") from error
-    if not (inspect.isclass(found) and issubclass(found, BasePress)):
-        raise EvaluationError(
-            f"press spec {spec!r}: {name} is not a press (a subclass of KVPress's BasePress); a spec names presses only"
-        )
-    return found
-
-
-def _build(call: PressCall, spec: str) -> object:
-    cls = _press_class(call.name, spec)
-    parameters = (
-        [f.name for f in fields(cls) if f.init] if is_dataclass(cls) else list(inspect.signature(cls).parameters)
-    )
-    unknown = [name for name in call.kwargs if name not in parameters]
-    if unknown:
-        raise EvaluationError(
-            f"press spec {spec!r}: {cls.__name__} has no parameter {', '.join(unknown)}; "
-            f"its parameters: {', '.join(parameters) or 'none'}"
-        )
-    args = [_built(arg, spec) for arg in call.args]
-    kwargs = {name: _built(value, spec) for name, value in call.kwargs.items()}
-    try:
-        return cls(*args, **kwargs)
-    except Exception as error:  # a press refusing its parameters, in its own words, on one line
-        raise EvaluationError(f"press spec {spec!r}: {cls.__name__}: {first_line(error)}") from error
-
-
-def _built(value: object, spec: str) -> object:
-    if isinstance(value, PressCall):
-        return _build(value, spec)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_built(item, spec) for item in value)
-    return value
-
-
 def canonical(spec: str) -> str:
     """The name of a spec in rows and tables: the spec without whitespace (``no_press`` is ``full``)."""
     name = re.sub(r"\s+", "", spec)
     return FULL_CACHE if name == NO_PRESS else name
-
-
-def check_presses(specs: list[str]) -> None:
-    """Build every spec once before any work, so a mistake is reported before the model loads."""
-    from evaluation.catalogue.needs import REFUSED, needs
-
-    for spec in specs:
-        press = make_press(spec, 0.5)
-        if press is not None and needs(press).path == REFUSED:
-            raise EvaluationError(f"press spec {spec!r}: {needs(press).refusal}")
-
-
-def make_press(spec: str, compression_ratio: float, length: int | None = None) -> object:
-    """A fresh press at ``compression_ratio`` of a ``length``-token context, set as KVPress's evaluation sets it;
-    None for the full cache."""
-    press = parse_spec(spec)
-    if press is not None:
-        try:
-            set_ratio(press, compression_ratio, length)
-        except EvaluationError as error:
-            raise EvaluationError(f"press spec {spec!r}: {error}") from None
-    return press

@@ -21,7 +21,7 @@ from evaluation.cli.config_file import with_config
 from evaluation.cli.options import whole
 from evaluation.errors import EvaluationError, refused_write
 from evaluation.protocols.protocol import REFERENCE, Protocol, protocols
-from evaluation.reporting.intervals import DEFAULT_RESAMPLES, DEFAULT_SEED
+from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.runs.backends import Backend
 from evaluation.runs.loop import run
 from evaluation.runs.models import SMOLLM2_ALIAS, ModelSettings

@@ -11,7 +11,7 @@ import torch
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache, PreTrainedModel
 
-from evaluation.catalogue.needs import compresses_while_decoding, prefills_under, question_position
+from evaluation.catalogue.registry import compresses_while_decoding, prefills_under, question_position
 from evaluation.engine.hooks import MASKED, Compressed, kept_tokens, mask_of
 from evaluation.engine.ragged import RAGGED_SDPA, RaggedCache
 from evaluation.errors import PressCannotRun, press_refusals

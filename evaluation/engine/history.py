@@ -24,7 +24,8 @@ from kvpress.presses.base_press import BasePress
 from kvpress.presses.scorer_press import ScorerPress
 from transformers import DynamicCache, PreTrainedModel
 
-from evaluation.catalogue.needs import ALL, SHARED, combined, needs
+from evaluation.catalogue.needs import Needs, combined, needs
+from evaluation.catalogue.registry import ALL, SHARED
 from evaluation.engine.hooks import Compressed, cache_of, no_new_hooks, run_hook, run_score
 from presses.attention import DEFAULT_CHUNK_SIZE, attention_rows, group_mean, sliding_window
 from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
@@ -54,18 +55,21 @@ class History:
     Rows of the ``teacher_forced_kinds`` weigh in a statistic by its correctness mode (RMM's): in teacher-forced
     column sums by their teacher-forced correctness, in confidence sums by the probability of their top-1
     prediction; every other row weighs 1. ``weights`` holds each served mode's weight of every row. ``presses``:
-    the presses it will be asked to serve.
+    the presses it will be asked to serve, or what each reads (its ``Needs``).
     """
 
     def __init__(
-        self, model: PreTrainedModel, teacher_forced_kinds: frozenset[str], presses: Iterable[BasePress | None] = ()
+        self,
+        model: PreTrainedModel,
+        teacher_forced_kinds: frozenset[str],
+        presses: Iterable[BasePress | Needs | None] = (),
     ) -> None:
         if not self.serves(model):
             raise ValueError(
                 f"{type(model).__name__} has sliding-window attention layers, which the shared-prefill engine does not "
                 "model: run such a model on the per-cell path (LongBench --path per-cell)"
             )
-        served = [needs(press) for press in presses if press is not None]
+        served = [press if isinstance(press, Needs) else needs(press) for press in presses if press is not None]
         served = [need for need in served if need.path == SHARED]
         self.rows = combined([need.rows for need in served])
         self.statistics = sorted({s for need in served for s in need.sums}, key=repr)

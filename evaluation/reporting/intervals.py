@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DEFAULT_RESAMPLES = 10_000
-DEFAULT_SEED = 0
+from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
+
 BATCH = 1_000  # resamples drawn at a time, so memory stays O(batch x examples)
 MIN_EXAMPLES_FOR_INTERVAL = 2  # one example has no spread: its bootstrap interval would be a point
 MIN_PAIRS = 10  # fewer pairs than this get "too few" instead of win / tie / loss: two values give three means

@@ -17,10 +17,9 @@ from matplotlib.lines import Line2D
 
 from evaluation.catalogue.budgets import OVER_THE_CONTEXT
 from evaluation.catalogue.specs import FULL_CACHE
+from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.reporting.conditions import Benchmark, Contrast
 from evaluation.reporting.intervals import (
-    DEFAULT_RESAMPLES,
-    DEFAULT_SEED,
     MIN_EXAMPLES_FOR_INTERVAL,
     MIN_PAIRS,
     bootstrap,

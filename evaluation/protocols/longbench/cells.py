@@ -13,8 +13,8 @@ from __future__ import annotations
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label, ratio_for
-from evaluation.catalogue.needs import SHARED, compresses_while_decoding, describe, needs, question_position
-from evaluation.catalogue.specs import make_press
+from evaluation.catalogue.registry import question_position
+from evaluation.catalogue.resolved import resolve_press
 from evaluation.engine.decoding import decode_batch, eos_ids, generate
 from evaluation.engine.history import History
 from evaluation.errors import PressCannotRun
@@ -124,8 +124,9 @@ def run_cell(
     """The per-cell reference path: KVPress's prefill under the press (eager where it needs the weights), then
     greedy decoding."""
     length = prompt.context_ids.shape[1]
-    press = make_press(press_name, ratio_for(budget, length), length)
-    implementation = "eager" if press is not None and needs(press).reads_weights else config.model.attn_implementation
+    resolved = resolve_press(press_name)
+    press = resolved.build(ratio_for(budget, length), length)
+    implementation = "eager" if resolved.reads_weights else config.model.attn_implementation
     model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
     try:
@@ -149,7 +150,7 @@ def run_shared(
     press's own hook, one batched decode of them all. Every cell's press must be on the shared path."""
     model.set_attn_implementation(config.model.attn_implementation)
     length = prompt.context_ids.shape[1]
-    presses = [make_press(name, ratio_for(budget, length), length) for name, budget in cells]
+    presses = [resolve_press(name).build(ratio_for(budget, length), length) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
     rows, derived, starts = [], [], []
@@ -192,16 +193,15 @@ def run_shared(
 
 
 def shares_prefill(press_name: str) -> bool:
-    press = make_press(press_name, 0.5)
-    return press is None or needs(press).path == SHARED
+    return resolve_press(press_name).shares_prefill
 
 
 def path_record(press_name: str, engine: bool) -> str:
     """How a press's cells run, in words, as run.json records it."""
-    press = make_press(press_name, 0.5)
-    if engine and shares_prefill(press_name):
-        return describe(press)
-    return f"{describe(press) if compresses_while_decoding(press) else 'its own prefill'} (per-cell path)"
+    press = resolve_press(press_name)
+    if engine and press.shares_prefill:
+        return press.describe()
+    return f"{press.describe() if press.decodes else 'its own prefill'} (per-cell path)"
 
 
 def run_example(

@@ -7,7 +7,8 @@ from functools import partial
 import pandas as pd
 
 from evaluation.catalogue.budgets import Cell, budget_label, press_cells
-from evaluation.catalogue.specs import FULL_CACHE, check_presses
+from evaluation.catalogue.resolved import resolve_presses
+from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError
 from evaluation.protocols.longbench import cells
 from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
@@ -46,10 +47,10 @@ def with_average(summary: pd.DataFrame) -> pd.DataFrame:
 def checked_cells(config: LongBenchConfig) -> list[Cell]:
     """The settings checked, before any data: the grid's cells."""
     check_tasks(config.tasks)
-    check_presses(config.presses)
+    presses = resolve_presses(config.presses)
     if config.path not in PATHS:
         raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
-    return press_cells(config.presses, config.budgets, "--ratios or --budgets")
+    return press_cells(presses, config.budgets, "--ratios or --budgets")
 
 
 def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:

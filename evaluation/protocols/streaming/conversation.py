@@ -18,8 +18,8 @@ from evaluation.catalogue.budgets import (
     budget_label,
     ratio_for,
 )
-from evaluation.catalogue.needs import SHARED, needs, question_position
-from evaluation.catalogue.specs import make_press
+from evaluation.catalogue.registry import SHARED, question_position
+from evaluation.catalogue.resolved import resolve_press
 from evaluation.engine.decoding import decode_batch, eos_ids, generate
 from evaluation.engine.history import History
 from evaluation.engine.retention import answer_spans, retention
@@ -65,7 +65,7 @@ class ConversationRun:
         self.kinds = TEACHER_FORCED_KINDS[config.rmm_weights]
 
     def history(self, cells: list[Cell]) -> History:
-        return History(self.model, self.kinds, [make_press(name, 0.5) for name, _ in cells])
+        return History(self.model, self.kinds, [resolve_press(name).needs for name, _ in cells])
 
     def run(self, conversation: Conversation, store: ResultStore, bar: tqdm) -> None:
         self.conversation, self.store, self.bar = conversation, store, bar
@@ -197,7 +197,8 @@ class ConversationRun:
         own hook on the stored inputs), all of them decoded in one batch; any other press re-prefills the history
         under itself (``generate``)."""
         ratios = [ratio_for(budget, history.length) for _, budget in cells]
-        presses = [make_press(name, ratio, history.length) for (name, _), ratio in zip(cells, ratios, strict=True)]
+        resolved = [resolve_press(name) for name, _ in cells]
+        presses = [press.build(ratio, history.length) for press, ratio in zip(resolved, ratios, strict=True)]
         caches, refused, starts = {}, {}, {}
         for i, press in enumerate(presses):
             if history.can_serve(press):
@@ -225,11 +226,11 @@ class ConversationRun:
         )
         tokens = dict(zip(caches, generated, strict=True))
         kept = {i: cache.kept_tokens for i, cache in caches.items()}
-        paths = {i: SHARED for i in caches} | {i: needs(p).path for i, p in enumerate(presses) if p is not None}
+        paths = {i: SHARED if i in caches else press.needs.path for i, press in enumerate(resolved)}
         context = torch.tensor([history.token_ids], device=self.model.device)
         for i in (i for i in range(len(cells)) if i not in caches and i not in refused):
             implementation = self.model.config._attn_implementation
-            if needs(presses[i]).reads_weights:
+            if resolved[i].reads_weights:
                 self.model.set_attn_implementation("eager")
             try:
                 generation = generate(self.model, context, asked, presses[i], self.config.max_new_tokens, self.stop)

@@ -8,8 +8,7 @@ import pandas as pd
 from transformers import AutoConfig, AutoTokenizer
 
 from evaluation.catalogue.budgets import OVER_THE_CONTEXT, Cell, budget_label, press_cells
-from evaluation.catalogue.needs import describe
-from evaluation.catalogue.specs import check_presses, make_press
+from evaluation.catalogue.resolved import resolve_press, resolve_presses
 from evaluation.engine.retention import RETAINED
 from evaluation.errors import EvaluationError
 from evaluation.protocols.protocol import REFERENCE, Plan
@@ -30,7 +29,7 @@ from evaluation.runs.models import context_length, local_model, what_loading_fet
 
 
 def grid_lines(cells: list[Cell]) -> list[str]:
-    return [f"  {press} @ {budget_label(budget)} ({describe(make_press(press, 0.5))})" for press, budget in cells]
+    return [f"  {press} @ {budget_label(budget)} ({resolve_press(press).describe()})" for press, budget in cells]
 
 
 def visibility(rows: list[dict]) -> str:
@@ -54,12 +53,12 @@ def evictions(rows: list[dict]) -> str:
 
 def checked_cells(config: StreamConfig) -> list[Cell]:
     """The settings checked, before any data: the stream's cells."""
-    check_presses(config.presses)
+    presses = resolve_presses(config.presses)
     if config.placement not in PLACEMENTS:
         raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if config.placement == "evidence" and config.history != "gold":
         raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
-    return press_cells(config.presses, config.budgets, "--budgets")
+    return press_cells(presses, config.budgets, "--budgets")
 
 
 def streamed_conversations(protocol: Streamed, config: StreamConfig) -> tuple[dict[str, str], list[Conversation]]:
@@ -135,7 +134,7 @@ def plan(protocol: Streamed, config: StreamConfig) -> Plan:
     settings = {
         "budgets": [b.key for b in config.budgets],
         "data_fingerprint": data_fingerprint,
-        "paths": {spec: describe(make_press(spec, 0.5)) for spec in config.presses},
+        "paths": {spec: resolve_press(spec).describe() for spec in config.presses},
     }
     units = [
         Unit(

@@ -9,10 +9,9 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import cache
 from typing import TYPE_CHECKING, ClassVar
 
-from evaluation.catalogue.specs import DEFAULT_PRESSES, parse_spec
+from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.cli.options import whole
 from evaluation.errors import EvaluationError
 from evaluation.protocols.locomo.render import header, render_session
@@ -159,12 +158,11 @@ def reuse_fields(conversation: Conversation, question: Question, tokenizer: PreT
     return fields
 
 
-@cache
 def spec_lag(spec: str) -> int | None:
-    """The commit lag of a press spec's ``RMMPress`` (``press_needs.commit_lag``), once per spec."""
-    from evaluation.catalogue.needs import commit_lag  # imports KVPress: not at the command line's start
+    """The commit lag of a press spec's ``RMMPress`` (``ResolvedPress.commit_lag``)."""
+    from evaluation.catalogue.resolved import resolve_press  # imports KVPress: not at the command line's start
 
-    return commit_lag(parse_spec(spec))
+    return resolve_press(spec).commit_lag
 
 
 def reuse_conditions(row: dict) -> list[str]:

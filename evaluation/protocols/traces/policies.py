@@ -4,7 +4,7 @@ At step t a policy evicts one of the held positions 0..t of each group. Every po
 
 - stateless presses score positions 0..t through their own ``score``, on a stand-in layer whose only attribute
   is the head count, handed the trace as eager attention weights of a prefill of those positions: the rows
-  0..t, or, for a press that reads only their column sums (``press_needs``: ``ObservedAttentionPress``, the
+  0..t, or, for a press that reads only their column sums (``catalogue.needs``: ``ObservedAttentionPress``, the
   press the protocols call ``h2o``), those sums as the engine hands them, a one-row stand-in. So TOVA reads the
   newest row (on a head-averaged trace, one group per layer, that is TOVA's rule; on a ``--per-kv-group``
   trace, its per-KV-group form), SnapKV its window's rows, StreamingLLM nothing.
@@ -29,8 +29,8 @@ from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
 
 from evaluation.catalogue.budgets import Budget
-from evaluation.catalogue.needs import budget_refusal, needs
-from evaluation.catalogue.specs import canonical, parse_spec
+from evaluation.catalogue.needs import budget_refusal, needs, protected
+from evaluation.catalogue.resolved import resolve_press
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.protocols.traces.streamed import StreamedPress
 from presses import RMMPress, TOVAPress
@@ -98,10 +98,11 @@ class PressPolicy(Policy):
     @classmethod
     def of(cls, spec: str) -> PressPolicy:
         """The policy of a press spec, named by it."""
-        return cls(canonical(spec), parse_spec(spec))
+        resolved = resolve_press(spec)
+        return cls(resolved.label, resolved.build())
 
     def refusal(self, budget: int) -> str:
-        return budget_refusal(self.press, budget)
+        return budget_refusal(protected(self.press), budget)
 
     def start(self, trace: LayerTrace, budget: int) -> None:
         self.budget = budget
@@ -129,7 +130,7 @@ class StreamedPolicy(Policy):
     stream: StreamedPress | None = field(default=None, init=False, repr=False)
 
     def refusal(self, budget: int) -> str:
-        return budget_refusal(RMMPress(lag=self.lag), budget)
+        return resolve_press(sweep_name(self.lag)).budget_refusal(budget)
 
     def start(self, trace: LayerTrace, budget: int) -> None:
         correctness = trace.correct[None] if self.teacher_forced else "uniform"
@@ -164,7 +165,7 @@ def default_policies(h2o_window: int = H2O_WINDOW) -> list[Policy]:
     ]
 
 
-def sweep_name(lag: int) -> str:
+def sweep_name(lag: int | None) -> str:
     """A lag-sweep policy's name: the spec of the press it runs."""
     return f"rmm(lag={lag})"
 
