@@ -302,7 +302,7 @@ def test_every_error_the_cli_raises_reaches_the_user_as_one_line(monkeypatch, ca
     import evaluation.cli.main as cli
     from evaluation.errors import EvaluationError
 
-    root = Path(cli.__file__).parent
+    root = Path(cli.__file__).parents[1]
     raises = 0
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

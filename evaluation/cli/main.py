@@ -20,6 +20,7 @@ from evaluation.cli.options import fraction, probability, whole
 from evaluation.errors import EvaluationError, refused_write
 from evaluation.protocols.streaming.task import StreamTask, tasks
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
+from evaluation.runs.data_location import shared_data
 from evaluation.runs.models import SMOLLM2_ALIAS
 
 DEFAULT_LONGBENCH_TASKS = ["multi_news"]
@@ -145,7 +146,10 @@ def add_traces(subparsers: argparse._SubParsersAction) -> None:
     )
     add_common(parser, "traces", presses=None)
     parser.add_argument(
-        "--data", type=Path, default=Path("../shared/data"), help="folder holding longbench/ and locomo/"
+        "--data",
+        type=Path,
+        default=shared_data(),
+        help="folder holding longbench/ and locomo/ (default $KVET_SHARED_DATA, else shared/data)",
     )
     parser.add_argument(
         "--texts",

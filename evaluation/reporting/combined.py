@@ -11,19 +11,19 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.errors import EvaluationError
+from evaluation.protocols.longbench.runner import BENCHMARK as LONGBENCH
+from evaluation.protocols.longbench.runner import PROTOCOL as LONGBENCH_PROTOCOL
+from evaluation.protocols.streaming.task import tasks
+from evaluation.protocols.traces.runner import BENCHMARK as TRACES
+from evaluation.protocols.traces.runner import PROTOCOL as TRACES_PROTOCOL
 from evaluation.reporting.conditions import Benchmark
 from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize, write_scorecard
-from evaluation.runs.store import read_rows
+from evaluation.runs.json_rows import read_rows
+from evaluation.runs.record import read_record
 
 
 def benchmark_of(protocol: str) -> Benchmark | None:
     """The benchmark of a protocol or streamed task, by the name its run.json records."""
-    from evaluation.protocols.longbench.runner import BENCHMARK as LONGBENCH
-    from evaluation.protocols.longbench.runner import PROTOCOL as LONGBENCH_PROTOCOL
-    from evaluation.protocols.streaming.task import tasks
-    from evaluation.protocols.traces.runner import BENCHMARK as TRACES
-    from evaluation.protocols.traces.runner import PROTOCOL as TRACES_PROTOCOL
-
     streamed = {name: task.benchmark for name, task in tasks().items()}
     return {LONGBENCH_PROTOCOL: LONGBENCH, TRACES_PROTOCOL: TRACES, **streamed}.get(protocol)
 
@@ -83,8 +83,6 @@ def check_same_settings(records: dict[Path, dict]) -> None:
 
 def load_run(run_dir: Path) -> tuple[Benchmark, list[dict], dict]:
     """A run folder's benchmark, rows and run.json record."""
-    from evaluation.runs.record import read_record
-
     record_path = run_dir / "run.json"
     if not record_path.is_file():
         raise EvaluationError(f"{record_path} not found: is {run_dir} a run folder?")
