@@ -9,6 +9,7 @@ import pytest
 from evaluation.cli.config_file import with_config
 from evaluation.cli.main import main, parser_for_every_command
 from evaluation.errors import EvaluationError
+from tests.helpers import SHARED_DATA
 
 
 def parsed(tmp_path, text: str, command: str = "longbench", *argv: str):
@@ -31,6 +32,11 @@ def parsed(tmp_path, text: str, command: str = "longbench", *argv: str):
         ("n: 3\n", "n", 3),
         ("attn-implementation: eager\n", "attn_implementation", "eager"),
         ("budgets: null\n", "budgets", None),
+        ("ratios: []\n", "ratios", []),
+        ("output: some/where\n", "output", Path("some/where")),
+        ("dry_run: false\n", "dry_run", False),
+        ("model: --dry-run\n", "model", "--dry-run"),
+        ("n: !!int 3\n", "n", 3),
     ],
 )
 def test_a_value_means_what_the_same_flag_means(tmp_path, text, option, value):
@@ -49,6 +55,13 @@ def test_a_value_means_what_the_same_flag_means(tmp_path, text, option, value):
         ("nn: 3\n", "unknown key 'nn'; did you mean --n?"),
         ("press_name: rmm\npresses: [h2o]\n", "'press_name' and 'presses' both set --presses"),
         ("- n\n", "a mapping of option names to values, not list"),
+        ("n: 1\nn: 7\n", "the key 'n' is given twice (lines 1 and 2)"),
+        ("n: 2.5\n", "argument --n: '2.5' is not a whole number"),
+        ("budgets: [64, 0]\n", "argument --budgets: 0 is below 1"),
+        ("presses: []\n", "argument --presses: expected at least one argument"),
+        ("path: [shared]\n", "path takes one value, not a list"),
+        ("presses: [full, null]\n", "presses takes values like --presses"),
+        ("n: !!python/object/apply:os.getpid []\n", "not a readable YAML file (could not determine a constructor"),
     ],
 )
 def test_a_bad_value_is_a_one_line_error_naming_the_file(tmp_path, text, message):
@@ -65,6 +78,30 @@ def test_an_unknown_key_names_the_nearest_flag_of_its_protocol(tmp_path):
 def test_the_command_line_overrides_the_file(tmp_path):
     args = parsed(tmp_path, "n: 3\npresses: [snapkv, rmm]\nquery_aware: true\n", "longbench", "--n", "2")
     assert (args.n, args.presses, args.query_aware) == (2, ["snapkv", "rmm"], True)
+
+
+@pytest.mark.parametrize(
+    ("text", "argv", "option", "value"),
+    [
+        ("press_name: rmm\n", ["--presses", "snapkv"], "presses", ["snapkv"]),
+        ("ratios: [0.5]\n", ["--ratios"], "ratios", []),
+        ("model: from-file\n", ["--model", "smollm2-135m"], "model", "smollm2-135m"),
+        ("n: 3\n", ["--n=4"], "n", 4),
+    ],
+)
+def test_a_value_the_command_line_gives_wins_even_the_default(tmp_path, text, argv, option, value):
+    assert getattr(parsed(tmp_path, text, "longbench", *argv), option) == value
+
+
+def test_a_value_that_reads_like_a_flag_is_a_press_spec_not_an_option(tmp_path, capsys):
+    args = parsed(tmp_path, "presses: [full, --dry-run]\n")
+    assert (args.presses, args.dry_run) == (["full", "--dry-run"], False)
+    data = str(SHARED_DATA / "longbench")
+    argv = ["longbench", "--config", str(tmp_path / "run.yaml"), "--model", data, "--data", data]
+    argv += ["--output", str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert "press spec '--dry-run'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_abbreviated_flag_is_refused(capsys):
@@ -123,8 +160,6 @@ def test_a_paper_dry_run_plans_offline_says_what_a_run_fetches_and_writes_nothin
 
 
 def test_a_dry_run_with_local_data_counts_the_work_and_says_everything_is_local(offline_machine, capsys):
-    from tests.helpers import SHARED_DATA
-
     data = str(SHARED_DATA / "longbench")
     argv = ["longbench", "--model", data, "--data", data, "--presses", "full", "rmm", "--n", "2", "--dry-run"]
     assert main(argv) == 0

@@ -1,23 +1,45 @@
-"""``--config FILE.yaml``: option values from a file, validated by the same parser as the command line.
+"""``--config FILE.yaml``: option values from a file, read as data and checked by each flag's own type.
 
 Each key is an option's name, with underscores or dashes (``max_history_tokens``, ``attn-implementation``);
 KVPress's evaluation keys are accepted where they mean the same (``press_name`` for ``presses``,
-``compression_ratio`` for ``ratios``). Each value becomes the option's own command-line arguments and goes
-through its flag's type and range check: a scalar where a list goes is a one-element list (a spec string is one
-spec), a switch takes a real boolean, ``null`` leaves the default. The command line, parsed after the file,
-overrides it. Each mistake is a one-line ``EvaluationError`` naming the file and, for an unknown key, the
-nearest option.
+``compression_ratio`` for ``ratios``). Each value goes through its flag's type, range and choices, item by item:
+a scalar where a list goes is a one-element list (a spec string is one spec, whatever it reads like), a list where
+one value goes is refused, a switch takes a real boolean, ``null`` leaves the default. Settings are layered as
+the defaults < the file < the command line: a value the command line gives wins. Each mistake is a one-line
+``EvaluationError`` naming the file and, for an unknown key, the nearest option.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
 from pathlib import Path
+
+import yaml
 
 from evaluation.errors import EvaluationError
 
 ALIASES = {"press_name": "presses", "compression_ratio": "ratios"}  # KVPress's evaluate.py config keys
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A mapping of the file gives one key twice."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping giving one key twice (``n: 1`` then ``n: 7``), which it would
+    read as the last value."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines: dict[tuple[str, str], int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
+                if key in lines:
+                    raise DuplicateKey(f"the key {key_node.value!r} is given twice (lines {lines[key]} and {line})")
+                lines[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def with_config(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -26,64 +48,108 @@ def with_config(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Na
     path = getattr(args, "config", None)
     if path is None:
         return args
-    subparser = parser._subparsers._group_actions[0].choices[args.command]
-    from_file = file_arguments(subparser, read(path), path)
-    try:
-        parser.exit_on_error = subparser.exit_on_error = False
-        parser.parse_args([args.command, *from_file])
-    except argparse.ArgumentError as error:
-        raise EvaluationError(f"--config {path}: {error}") from None
-    finally:
-        parser.exit_on_error = subparser.exit_on_error = True
-    at = argv.index(args.command) + 1
-    return parser.parse_args([*argv[:at], *from_file, *argv[at:]])
+    subparser = subcommand(parser, args.command)
+    given = given_on_command_line(parser, args.command, argv)
+    for dest, value in file_values(subparser, read(path), path).items():
+        if dest not in given:
+            setattr(args, dest, value)
+    return args
+
+
+def subcommand(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    subparsers = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    return subparsers.choices[command]
+
+
+def given_on_command_line(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> set[str]:
+    """The options ``argv`` sets itself: parsed by a copy of the parser whose defaults are all left unset."""
+    unset = copy.deepcopy(parser)
+    for action in subcommand(unset, command)._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(unset.parse_args(argv)))
 
 
 def read(path: Path) -> dict:
-    import yaml
-
+    """The file's mapping of option names to values: YAML without tags (safe), each key given once."""
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        values = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}
+    except DuplicateKey as error:
+        raise EvaluationError(f"--config {path}: {error}: give each option once") from None
     except (OSError, yaml.YAMLError) as error:
-        raise EvaluationError(f"--config {path}: not a readable YAML file ({error})".splitlines()[0]) from error
+        raise EvaluationError(f"--config {path}: not a readable YAML file ({reason(error)})") from error
     if not isinstance(values, dict):
         raise EvaluationError(f"--config {path}: a mapping of option names to values, not {type(values).__name__}")
     return values
 
 
-def file_arguments(subparser: argparse.ArgumentParser, values: dict, path: Path) -> list[str]:
-    """The command-line arguments that say what ``values`` say."""
+def reason(error: OSError | yaml.YAMLError) -> str:
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        return f"{error.problem}, line {error.problem_mark.line + 1}"
+    return str(error).splitlines()[0]
+
+
+def file_values(subparser: argparse.ArgumentParser, values: dict, path: Path) -> dict[str, object]:
+    """Each option ``values`` sets (by its destination), checked and converted as its flag converts the
+    command line's text; options set to null are left out."""
     options = {a.dest: a for a in subparser._actions if a.option_strings and a.dest not in ("help", "config")}
-    arguments: list[str] = []
-    given: dict[str, object] = {}
+    keys: dict[str, object] = {}
+    converted: dict[str, object] = {}
     for key, value in values.items():
         dest = ALIASES.get(str(key), str(key).replace("-", "_"))
         if dest not in options:
             raise EvaluationError(f"--config {path}: unknown key {key!r}{nearest(str(key), options)}")
-        if dest in given:
+        if dest in keys:
             raise EvaluationError(
-                f"--config {path}: {given[dest]!r} and {key!r} both set {options[dest].option_strings[-1]}"
+                f"--config {path}: {keys[dest]!r} and {key!r} both set {options[dest].option_strings[-1]}"
             )
-        given[dest] = key
-        action, flag = options[dest], options[dest].option_strings[-1]
-        if value is None:
-            continue
-        if action.nargs == 0:
-            if not isinstance(value, bool):
-                raise EvaluationError(f"--config {path}: {key} is true or false, not {value!r}")
-            arguments += [flag] if value else []
-            continue
-        items = value if isinstance(value, list) else [value]
-        if action.nargs is None and isinstance(value, list):
-            raise EvaluationError(f"--config {path}: {key} takes one value, not a list")
-        if any(isinstance(item, (dict, list, bool)) for item in items):
-            raise EvaluationError(f"--config {path}: {key} takes {'values' if action.nargs else 'a value'} like {flag}")
-        arguments += [f"{flag}={items[0]}"] if action.nargs is None else [flag, *map(str, items)]
-    return arguments
+        keys[dest] = key
+        if value is not None:
+            try:
+                converted[dest] = option_value(options[dest], str(key), value)
+            except (argparse.ArgumentError, ValueError) as error:
+                raise EvaluationError(f"--config {path}: {error}") from None
+    return converted
+
+
+def option_value(action: argparse.Action, key: str, value: object) -> object:
+    """What ``action`` stores for ``value``: a switch's constant for true, its default for false; else each item
+    through the flag's type and choices, one value or a list as its ``nargs`` says. A value of the wrong shape is
+    a ``ValueError``, an item the flag refuses an ``argparse.ArgumentError``."""
+    if action.nargs == 0:
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} is true or false, not {value!r}")
+        return action.const if value else action.default
+    one = action.nargs is None
+    if one and isinstance(value, list):
+        raise ValueError(f"{key} takes one value, not a list")
+    items = value if isinstance(value, list) else [value]
+    if any(item is None or isinstance(item, (dict, list, bool)) for item in items):
+        raise ValueError(f"{key} takes {'a value' if one else 'values'} like {action.option_strings[-1]}")
+    if action.nargs == "+" and not items:
+        raise argparse.ArgumentError(action, "expected at least one argument")
+    checked = [item_value(action, str(item)) for item in items]
+    return checked[0] if one else checked
+
+
+def item_value(action: argparse.Action, text: str) -> object:
+    """``text`` through the flag's type and choices, with argparse's own messages."""
+    try:
+        value = text if action.type is None else action.type(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentError(action, str(error)) from None
+    except (TypeError, ValueError):
+        name = getattr(action.type, "__name__", repr(action.type))
+        raise argparse.ArgumentError(action, f"invalid {name} value: {text!r}") from None
+    if action.choices is not None and value not in action.choices:
+        choices = ", ".join(map(repr, action.choices))
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from {choices})")
+    return value
 
 
 def nearest(key: str, options: dict[str, argparse.Action]) -> str:
     names = {dest: action.option_strings[-1] for dest, action in options.items()}
     names |= {alias: names[dest] for alias, dest in ALIASES.items() if dest in names}
     close = difflib.get_close_matches(key.replace("-", "_"), list(names), n=1, cutoff=0.5)
-    return f"; did you mean {names[close[0]]}?" if close else f"; the options are {', '.join(sorted(names.values()))}"
+    return (
+        f"; did you mean {names[close[0]]}?" if close else f"; the options are {', '.join(sorted(set(names.values())))}"
+    )

@@ -51,20 +51,33 @@ def decode(
         )
         logits, position = outputs.logits, position + question_ids.shape[1]
     generated: list[int] = []
-    for _ in range(max_new_tokens):
+    going = max_new_tokens > 0
+    while going:
         if on_logits is not None:
             on_logits(logits[0, -1])
-        token = int(logits[0, -1].argmax())
-        if token in stop_ids:
-            break
-        generated.append(token)
-        logits = model(
-            input_ids=torch.tensor([[token]], device=device),
-            past_key_values=cache,
-            position_ids=torch.tensor([[position]], device=device),
-        ).logits
-        position += 1
+        going = bool(greedy_step(logits[:, -1], [generated], stop_ids, max_new_tokens))
+        if going:
+            logits = model(
+                input_ids=torch.tensor([generated[-1:]], device=device),
+                past_key_values=cache,
+                position_ids=torch.tensor([[position]], device=device),
+            ).logits
+            position += 1
     return generated
+
+
+def greedy_step(logits: torch.Tensor, generated: list[list[int]], stop_ids: set[int], max_new_tokens: int) -> list[int]:
+    """One greedy step of a batch: each row's most likely token under ``logits`` (rows, vocab) is appended to
+    that row's ids in ``generated``, unless it is in ``stop_ids`` (which ends the row, the stop id left out) or the
+    row already holds ``max_new_tokens``. Returns the rows that go on: those whose new token is to be fed to the
+    model, in order."""
+    going = []
+    for row, token in enumerate(logits.argmax(-1).tolist()):
+        if token not in stop_ids and len(generated[row]) < max_new_tokens:
+            generated[row].append(token)
+            if len(generated[row]) < max_new_tokens:
+                going.append(row)
+    return going
 
 
 @torch.no_grad()
@@ -178,16 +191,10 @@ def decode_batch(
                     input_ids=step_ids, past_key_values=cache, position_ids=positions, logits_to_keep=1
                 ).logits
                 appended += step_ids.shape[1]
-            tokens = logits[:, -1].argmax(-1).tolist()
-            going = []
-            for row, sequence in enumerate(active):
-                if tokens[row] not in stop_ids and max_new_tokens > 0:
-                    generated[sequence].append(tokens[row])
-                    if len(generated[sequence]) < max_new_tokens:
-                        going.append(row)
+            rows = [generated[sequence] for sequence in active]
+            going = greedy_step(logits[:, -1], rows, stop_ids, max_new_tokens)
+            step_ids = torch.tensor([rows[row][-1:] for row in going], dtype=torch.long, device=device)
             if len(going) < len(active):
                 cache.keep_rows(going)
-                logits = logits[torch.tensor(going, dtype=torch.long, device=logits.device)]
                 active = [active[row] for row in going]
-            step_ids = torch.tensor([[tokens[row]] for row in going], dtype=torch.long, device=device)
     return generated

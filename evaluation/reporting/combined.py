@@ -15,8 +15,8 @@ from evaluation.errors import EvaluationError
 from evaluation.protocols.protocol import protocols
 from evaluation.reporting.conditions import Benchmark
 from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize, write_scorecard
+from evaluation.runs.json_rows import read_rows
 from evaluation.runs.record import read_record
-from evaluation.runs.store import read_rows
 
 
 def benchmark_of(protocol: str) -> Benchmark | None:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.errors import EvaluationError
-from evaluation.runs.store import read_rows
+from evaluation.metrics.locomo import score
+from evaluation.metrics.longbench import sample_score, task_score
+from evaluation.runs.json_rows import read_rows
 
 COLUMNS = {"longbench": ("task", "prediction", "answers"), "locomo": ("category", "prediction", "answer")}
 
@@ -18,9 +20,6 @@ COLUMNS = {"longbench": ("task", "prediction", "answers"), "locomo": ("category"
 def rescore(benchmark: str, path: Path, per_row: bool) -> dict:
     """LongBench: the official task score (100 x mean, 2 decimals) per task; LoCoMo: the mean F1 per category
     and overall. ``per_row`` adds every line's score in file order."""
-    from evaluation.metrics.locomo import score
-    from evaluation.metrics.longbench import sample_score, task_score
-
     frame = pd.DataFrame(read_rows(path))
     missing = [column for column in COLUMNS[benchmark] if column not in frame]
     if frame.empty or missing:

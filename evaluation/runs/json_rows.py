@@ -1,36 +1,72 @@
-"""Data files read through ``datasets``' json builder (JSON or JSON lines), with one-line errors.
+"""Rows of JSON files, read with ``json`` straight from the file: results (``predictions.jsonl``, one row a line)
+and data (LongBench's ``<task>.jsonl``, LoCoMo's ``locomo10.json``, a JSON array of rows).
 
-A read touches neither the network (``datasets`` would count the load on its servers) nor ``datasets``' cache: the
-builder's arrow files go to a scratch folder removed after the read, so a dry run writes nothing.
+Every mistake is a one-line ``EvaluationError`` naming the file and the line. Nothing is cached, so an edited
+file is read anew whatever its size and time.
 """
 
 from __future__ import annotations
 
-import tempfile
+import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
-from evaluation.errors import EvaluationError, first_line
+from evaluation.errors import EvaluationError
+
+UNREADABLE = "not a readable JSON file"
+AN_ARRAY = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*\[")
+
+
+def json_lines(data: bytes, path: Path) -> Iterator[tuple[int, dict]]:
+    """Each row of ``data``, JSON lines read from ``path``, with its line number: one object a line, blank lines
+    skipped; a line that is not UTF-8, not JSON or not an object is an error naming the file and the line."""
+    for number, raw in enumerate(data.splitlines(), start=1):
+        if raw.strip():
+            row = parse_json(raw, path, number)
+            if not isinstance(row, dict):
+                raise EvaluationError(f"{path}: line {number} is not a JSON object (a row)")
+            yield number, row
+
+
+def parse_json(raw: bytes, path: Path, first_line: int = 1) -> object:
+    """The JSON value of ``raw``, which starts at line ``first_line`` of ``path``; bytes that are not UTF-8 or
+    not JSON are an error naming the file and the line."""
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = first_line + raw.count(b"\n", 0, error.start)
+        raise EvaluationError(f"{path}: {UNREADABLE} (line {line}: not UTF-8 text, {error.reason})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        line = first_line + error.lineno - 1
+        raise EvaluationError(f"{path}: {UNREADABLE} (line {line}, column {error.colno}: {error.msg})") from None
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Every row of ``path`` in file order, as written: a JSON array of objects, or JSON lines (``json_lines``)."""
+    if not path.is_file():
+        raise EvaluationError(f"{path} not found")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise EvaluationError(f"{path}: {UNREADABLE} ({error.strerror})") from error
+    if not AN_ARRAY.match(data):
+        return [row for _, row in json_lines(data, path)]
+    rows = parse_json(data, path)
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise EvaluationError(f"{path}: item {number} of the array is not a JSON object (a row)")
+    return rows
 
 
 def load_json_rows(path: Path) -> list[dict]:
-    """Every row of ``path`` in file order; a file that is not valid UTF-8 JSON, or holds no row, is an error
-    that names it."""
-    import datasets
-
-    counting, bars = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS, not datasets.utils.are_progress_bars_disabled()
-    try:
-        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
-        datasets.disable_progress_bars()  # a scratch cache rebuilds every time: its bar says nothing
-        with tempfile.TemporaryDirectory() as scratch:
-            rows = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=scratch).to_list()
-    except Exception as error:  # datasets wraps the parser's errors (malformed JSON, bad UTF-8) in its own types
-        cause = error.__cause__ or error
-        reason = first_line(cause)
-        raise EvaluationError(f"{path}: not a readable JSON file ({type(cause).__name__}: {reason})") from error
-    finally:
-        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = counting
-        if bars:
-            datasets.enable_progress_bars()
+    """A data file's rows in file order (``read_rows``) as a table, as ``datasets``' json builder gave them: a
+    key that some rows hold is None in the rows that lack it, keys in the order they first appear. A file that
+    holds no row is an error naming it."""
+    rows = read_rows(path)
     if not rows:
         raise EvaluationError(f"{path} holds no rows: point the run at a file with examples")
-    return rows
+    columns = dict.fromkeys(key for row in rows for key in row)
+    return [{key: row.get(key) for key in columns} for row in rows]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from evaluation.errors import EvaluationError
+from evaluation.runs.json_rows import json_lines
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +38,12 @@ class ResultStore:
             logger.warning("%s: dropping an incomplete last line left by an interrupted run", self.path)
             with self.path.open("r+b") as handle:
                 handle.truncate(len(complete))
-        for line_number, raw in enumerate(complete.splitlines(), start=1):
+        try:
+            rows = list(json_lines(complete, self.path))
+        except EvaluationError as error:
+            raise EvaluationError(f"{error}; {DAMAGED}") from error
+        for line_number, row in rows:
             where = f"{self.path}:{line_number}"
-            row = json_line(raw, where, "malformed result line", f"; {DAMAGED}")
             try:
                 key = self.key(row)
             except (KeyError, TypeError, AttributeError) as error:
@@ -66,27 +70,6 @@ class ResultStore:
             os.fsync(handle.fileno())
         self.rows.append(row)
         self.by_key[key] = row
-
-
-def read_rows(path: Path) -> list[dict]:
-    """Every row of a JSONL file, read-only; a malformed line is reported with its file and line number."""
-    if not path.is_file():
-        raise EvaluationError(f"{path} not found")
-    rows = []
-    for line_number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        if raw.strip():
-            rows.append(json_line(raw, f"{path}:{line_number}", "malformed JSON line"))
-    return rows
-
-
-def json_line(raw: bytes, where: str, malformed: str, advice: str = "") -> object:
-    """One line of a JSONL file; bytes that are not UTF-8 or JSON are an error naming ``where`` (file:line)."""
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise EvaluationError(f"{where}: not UTF-8 text ({error.reason}){advice}") from error
-    except json.JSONDecodeError as error:
-        raise EvaluationError(f"{where}: {malformed} ({error.msg}){advice}") from error
 
 
 class MemoryStore(ResultStore):

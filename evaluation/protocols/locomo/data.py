@@ -55,7 +55,7 @@ CATEGORY_NUMBERS = range(1, 6)
 
 
 def parse_conversation(raw: dict) -> Conversation:
-    """One conversation of ``locomo10.json``; keys a row lacks (``datasets`` fills them with None) are absent."""
+    """One conversation of ``locomo10.json``; a key whose value is null is absent."""
     conversation = {key: value for key, value in raw["conversation"].items() if value is not None}
     numbers = sorted(int(key.split("_")[1]) for key in conversation if re.fullmatch(r"session_\d+", key))
     sessions = [
@@ -90,7 +90,7 @@ def parse_conversation(raw: dict) -> Conversation:
 
 
 def load_conversations(path: Path) -> list[Conversation]:
-    """Every conversation of a ``locomo10.json``, read through ``datasets``."""
+    """Every conversation of a ``locomo10.json``, in file order."""
     conversations = []
     for index, item in enumerate(load_json_rows(path)):
         try:

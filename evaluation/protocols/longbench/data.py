@@ -13,7 +13,7 @@ from pathlib import Path
 
 from evaluation.errors import EvaluationError
 from evaluation.metrics.longbench import TASK_METRICS
-from evaluation.runs.json_rows import load_json_rows
+from evaluation.runs.json_rows import load_json_rows, parse_json
 from evaluation.runs.models import cache_root
 
 HUB_DATASET = "THUDM/LongBench"
@@ -93,7 +93,7 @@ def download(tasks: list[str]) -> Path:
 def parquet_rows(source: str, task: str, revision: str | None) -> list[dict]:
     """A task's test rows, in order, from a parquet copy laid out as the hub's conversion is
     (``<task>/test/*.parquet`` or ``<task>/*-test.parquet``): a hub dataset id or a local folder."""
-    import datasets
+    import datasets  # only a download reads parquet: a run from a folder never loads it
 
     return datasets.load_dataset(source, data_dir=task, split="test", revision=revision).to_list()
 
@@ -111,10 +111,7 @@ def write_atomically(path: Path, content: bytes) -> None:
 
 
 def read_config(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise EvaluationError(f"{path}: not a readable JSON file ({error})") from error
+    return parse_json(path.read_bytes(), path)
 
 
 def load_configs(data_dir: Path, tasks: list[str]) -> dict[str, TaskConfig]:
@@ -143,7 +140,7 @@ def load_configs(data_dir: Path, tasks: list[str]) -> dict[str, TaskConfig]:
 
 
 def load_task(data_dir: Path, task: str, n: int | None = None) -> list[Example]:
-    """The first ``n`` examples of a task in file order (all when ``n`` is None), read through ``datasets``."""
+    """The first ``n`` examples of a task in file order (all when ``n`` is None)."""
     path = data_dir / f"{task}.jsonl"
     if not path.is_file():
         present = sorted(p.stem for p in data_dir.glob("*.jsonl"))

@@ -17,6 +17,7 @@ from evaluation.errors import EvaluationError
 from evaluation.protocols.protocol import DEFINES, DEFINING, Protocol, register
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.reporting.conditions import Benchmark
+from evaluation.runs.data_location import shared_data
 from evaluation.runs.models import ModelSettings
 
 METRICS = ("retained_mass", "heavy_hitter_recall", "hit_rate")
@@ -63,7 +64,10 @@ class Traces(Protocol[TracesConfig]):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--data", type=Path, default=Path("../shared/data"), help="folder holding longbench/ and locomo/"
+            "--data",
+            type=Path,
+            default=shared_data(),
+            help="folder holding longbench/ and locomo/ (default $KVET_SHARED_DATA, else shared/data)",
         )
         parser.add_argument(
             "--texts",
