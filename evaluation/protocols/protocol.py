@@ -29,8 +29,9 @@ from evaluation.runs.backends import Unit, Work
 from evaluation.runs.models import ModelSettings
 
 REFERENCE = "h2o"  # the press every other press is compared with, in every scorecard
-DEFINES = "defines_results"  # a field's metadata key: True, or for a nested settings object the keys it records
-MODEL_KEYS = ("model", "dtype", "attn_implementation", "device")  # what a ModelSettings records that moves scores
+DEFINES = "defines_results"  # a field's metadata key: what the field's value defines (SCORES or SAMPLE)
+SCORES = "scores"  # how each row is computed: a resumed run repeats it, and runs pooled in one scorecard share it
+SAMPLE = "sample"  # which examples, on what: a resumed run repeats it, pooled runs may differ
 PROTOCOL_MODULES = (
     "evaluation.protocols.longbench.protocol",
     "evaluation.protocols.locomo.task",
@@ -40,23 +41,26 @@ PROTOCOL_MODULES = (
 )
 
 
-DEFINING = {DEFINES: True}  # ``field(metadata=DEFINING)``: the field's value defines a run's results
-MODEL_DEFINING = {DEFINES: MODEL_KEYS}  # the model's field: which keys of its record define them
+DEFINING = {DEFINES: SCORES}  # ``field(metadata=DEFINING)``
+SAMPLED = {DEFINES: SAMPLE}  # ``field(metadata=SAMPLED)``
+# the model's field: what each key of its record defines (a scorecard pools the runs of one model name apart)
+MODEL_DEFINING = {DEFINES: {"model": SAMPLE, "dtype": SCORES, "attn_implementation": SCORES, "device": SAMPLE}}
 
 
-def results_defining(config: object) -> tuple[str, ...]:
-    """The recorded settings that define ``config``'s results, in field order (nested settings included)."""
-    keys: list[str] = []
+def results_defining(config: object) -> dict[str, str]:
+    """The recorded settings that define ``config``'s results, in field order (nested settings included), each with
+    what it defines (``SCORES`` or ``SAMPLE``)."""
+    keys: dict[str, str] = {}
     for item in fields(config):  # type: ignore[arg-type]
         marked = item.metadata.get(DEFINES)
         value = getattr(config, item.name)
-        if marked is True:
-            keys.append(item.name)
+        if isinstance(marked, str):
+            keys[item.name] = marked
         elif marked:
-            keys += list(marked)
+            keys |= marked
         elif is_dataclass(value) and not isinstance(value, (type, ModelSettings)):
-            keys += results_defining(value)
-    return tuple(keys)
+            keys |= results_defining(value)
+    return keys
 
 
 def recorded(config: object) -> dict:
@@ -79,7 +83,7 @@ class Plan:
     units: list[Unit]
     work: Work
     settings: dict = field(default_factory=dict)
-    defining: tuple[str, ...] = ()  # keys of ``settings`` that define the results (a data fingerprint)
+    sample: tuple[str, ...] = ()  # keys of ``settings`` that define which examples a run holds (a data fingerprint)
 
 
 C = TypeVar("C")

@@ -48,21 +48,9 @@ def finished(record: dict) -> bool:
     return bool(record["sessions"]) and bool(record["sessions"][-1].get("finished"))
 
 
-POOLED_SETTINGS = (  # what changes every score of a protocol's run, beside the model: runs that differ stay apart
-    "dtype",
-    "attn_implementation",
-    "query_aware",
-    "max_length",
-    "placement",
-    "history",
-    "rmm_weights",
-    "max_new_tokens",
-    "max_history_tokens",
-)
-
-
 def check_same_settings(records: dict[Path, dict]) -> None:
-    """Runs of one protocol are pooled only under the same results-defining settings."""
+    """Runs of one protocol are pooled only under the same settings of how scores are computed (what each run.json
+    names ``pooled_settings``, from its configuration's field metadata)."""
     first: dict[str, tuple[Path, dict]] = {}
     for run, record in records.items():
         config, protocol = record["config"], record.get("protocol", "")
@@ -70,7 +58,7 @@ def check_same_settings(records: dict[Path, dict]) -> None:
             first[protocol] = (run, config)
             continue
         other, seen = first[protocol]
-        for key in POOLED_SETTINGS:
+        for key in record.get("pooled_settings", []):
             if key in config and key in seen and config[key] != seen[key]:
                 raise EvaluationError(
                     f"{other} and {run} are {protocol} runs with {key} {seen[key]!r} and {config[key]!r}: pool runs "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evaluation.protocols.protocol import Protocol, recorded, results_defining
+from evaluation.protocols.protocol import SAMPLE, SCORES, Protocol, recorded, results_defining
 from evaluation.runs.backends import LOCAL, Backend, run_units
 from evaluation.runs.record import RunRecord
 from evaluation.runs.store import ResultStore
@@ -15,8 +15,9 @@ def run(protocol: Protocol, config, backend: Backend = LOCAL) -> Path:
     """Run (or resume) ``config`` under ``protocol`` and write predictions, scorecard and run.json in its folder."""
     plan = protocol.plan(config)
     settings = {**recorded(config), **config.model.record(), "output": str(config.output), **plan.settings}
-    defining = results_defining(config) + plan.defining
-    record = RunRecord(config.output, settings, defining, protocol.record_defaults(), protocol=protocol.name)
+    defining = results_defining(config) | dict.fromkeys(plan.sample, SAMPLE)
+    pooled = [key for key, defines in defining.items() if defines == SCORES]
+    record = RunRecord(config.output, settings, tuple(defining), protocol.record_defaults(), protocol.name, pooled)
     store = ResultStore(config.output / "predictions.jsonl", protocol.row_key)
     outcome = run_units(plan.units, plan.work, config.model, store, backend)
     protocol.write_scorecard(config, store.rows)

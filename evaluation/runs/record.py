@@ -57,10 +57,17 @@ class RunRecord:
     """Owns a run folder for one session: a lock that a crashed run does not leave held (the operating system
     releases it with the process), and ``run.json``, written before the first cell and updated when the session
     ends. A folder holding a run with other results-defining settings (or other data) is refused; ``defaults``
-    stand for settings an older run.json does not record; ``protocol`` names the protocol or streamed task."""
+    stand for settings an older run.json does not record; ``protocol`` names the protocol or streamed task;
+    ``pooled`` names the settings that runs pooled in one scorecard must share."""
 
     def __init__(
-        self, output: Path, config: dict, defining: tuple[str, ...], defaults: dict | None = None, protocol: str = ""
+        self,
+        output: Path,
+        config: dict,
+        defining: tuple[str, ...],
+        defaults: dict | None = None,
+        protocol: str = "",
+        pooled: list[str] | None = None,
     ) -> None:
         self.path = output / "run.json"
         try:
@@ -85,6 +92,7 @@ class RunRecord:
             raise EvaluationError(f"{output} holds a run with other settings ({details}); pass another --output.")
         self.record["config"] = config
         self.record["protocol"] = protocol  # the scorecard's key to the run's benchmark
+        self.record["pooled_settings"] = pooled or []
         self.started = time.time()
         self.session = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),

@@ -103,7 +103,7 @@ def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
         "paths": {p: cells.path_record(p, engine) for p in config.presses if p != FULL_CACHE},
     }
     work = partial(cells.run_example, config=config, task_configs=task_configs, cells=grid)
-    return Plan(units, work, settings, ("data_fingerprint",))
+    return Plan(units, work, settings, sample=("data_fingerprint",))
 
 
 def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dict]) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from evaluation.cli.options import whole
 from evaluation.protocols.probe.facts import FACTS
-from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, Protocol, register
+from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, register
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.models import ModelSettings
 
@@ -39,7 +39,7 @@ BLOCK = 20  # probes per unit of work
 @dataclass
 class ProbeConfig:
     model: ModelSettings = field(metadata=MODEL_DEFINING)
-    seed: int = field(metadata=DEFINING)
+    seed: int = field(metadata=SAMPLED)
     probes: int
     reasoning: bool = field(metadata=DEFINING)
     output: Path

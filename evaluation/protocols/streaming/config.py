@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from evaluation.catalogue.budgets import Budget
-from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING
+from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED
 from evaluation.runs.models import ModelSettings
 
 PLACEMENTS = ("file", "evidence")
@@ -27,7 +27,7 @@ class StreamSettings(Protocol):
 @dataclass
 class StreamConfig:
     model: ModelSettings = field(metadata=MODEL_DEFINING)
-    task: str = field(metadata=DEFINING)  # a registered StreamTask's name
+    task: str = field(metadata=SAMPLED)  # a registered StreamTask's name
     presses: list[str]
     budgets: list[Budget]
     # the questions asked set the room left for them, so the history limit

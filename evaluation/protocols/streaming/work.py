@@ -145,7 +145,7 @@ def plan(protocol: Streamed, config: StreamConfig) -> Plan:
         for c in conversations
     ]
     work = partial(streamed.run_conversation, config=config, task=protocol.task, cells=cells)
-    return Plan(units, work, settings, ("data_fingerprint",))
+    return Plan(units, work, settings, sample=("data_fingerprint",))
 
 
 def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) -> None:

@@ -15,7 +15,7 @@ from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.cli.options import whole
 from evaluation.errors import EvaluationError
 from evaluation.protocols.locomo.render import header, render_session
-from evaluation.protocols.protocol import DEFINING
+from evaluation.protocols.protocol import SAMPLED
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session
 from evaluation.protocols.streaming.protocol import register_task
@@ -113,7 +113,7 @@ class GeneratedSettings:
     """A synthetic family's own settings: its generator's, its episodes streamed like LoCoMo's evidence placement
     with the gold history, every episode asked."""
 
-    episodes: dict = field(metadata=DEFINING)
+    episodes: dict = field(metadata=SAMPLED)
     conversations: ClassVar[None] = None
     placement: ClassVar[str] = "evidence"
     history: ClassVar[str] = "gold"

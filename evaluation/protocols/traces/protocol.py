@@ -14,7 +14,7 @@ from pathlib import Path
 
 from evaluation.cli.options import probability, whole
 from evaluation.errors import EvaluationError
-from evaluation.protocols.protocol import DEFINES, DEFINING, Protocol, register
+from evaluation.protocols.protocol import DEFINES, DEFINING, SAMPLE, SCORES, Protocol, register
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.data_location import shared_data
@@ -27,7 +27,7 @@ DEFAULT_TEXTS = ["multi_news:0", "locomo:conv-26"]
 
 @dataclass
 class TracesConfig:
-    model: ModelSettings = field(metadata={DEFINES: ("model", "dtype")})
+    model: ModelSettings = field(metadata={DEFINES: {"model": SAMPLE, "dtype": SCORES}})
     texts: list[str]
     length: int = field(metadata=DEFINING)
     budgets: list[int]

@@ -184,7 +184,7 @@ def plan(protocol: Traces, config: TracesConfig) -> Plan:
     files = sorted({source_file(spec, config.data_root) for spec in config.texts})
     settings = {"data_root": str(config.data_root), "data_fingerprint": fingerprint(*files)}
     units = [Unit(spec, spec, unit_keys(config, spec)) for spec in config.texts]
-    return Plan(units, partial(run_trace, config=config), settings, ("data_fingerprint",))
+    return Plan(units, partial(run_trace, config=config), settings, sample=("data_fingerprint",))
 
 
 def write_scorecard(protocol: Traces, config: TracesConfig, rows: list[dict]) -> None:
