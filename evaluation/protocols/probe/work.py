@@ -5,8 +5,12 @@ from __future__ import annotations
 from functools import partial
 
 import torch
+from kvpress import ObservedAttentionPress, SnapKVPress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from evaluation.engine.decoding import decode, eos_ids
+from evaluation.engine.history import History
+from evaluation.engine.hooks import cache_of
 from evaluation.errors import EvaluationError
 from evaluation.protocols.probe.facts import FACTS, Probe, probes
 from evaluation.protocols.probe.prompt import final_answer, prompt_ids
@@ -29,13 +33,11 @@ from evaluation.reporting.scorecard import scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
 from evaluation.runs.store import ResultStore
+from presses import RMMPress, TOVAPress
 
 
 def answer(model: PreTrainedModel, history, stop_ids: set[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
     """The model's greedy answer after the history's prompt, and its probability of each of those tokens."""
-    from evaluation.engine.decoding import decode
-    from evaluation.engine.hooks import cache_of
-
     probabilities: list[float] = []
 
     def record(logits: torch.Tensor) -> None:
@@ -56,10 +58,6 @@ def answer_weights(prompt: int, length: int, weights: list[float]) -> torch.Tens
 
 
 def scorers(weights: torch.Tensor, confidence: torch.Tensor) -> dict:
-    from kvpress import ObservedAttentionPress, SnapKVPress
-
-    from presses import RMMPress, TOVAPress
-
     return {
         DU: RMMPress(correctness=weights),
         DU_CONFIDENCE: RMMPress(correctness=confidence),
@@ -71,9 +69,6 @@ def scorers(weights: torch.Tensor, confidence: torch.Tensor) -> dict:
 
 @torch.no_grad()
 def probe_rows(loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase], probe: Probe, config: ProbeConfig) -> list:
-    from evaluation.engine.decoding import eos_ids
-    from evaluation.engine.history import History
-
     model, tokenizer = loaded
     ids, spans = prompt_ids(tokenizer, probe, config.reasoning)
     placeholder = scorers(torch.ones(1), torch.ones(1))
