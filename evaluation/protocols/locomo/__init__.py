@@ -1,1 +1,2 @@
-"""The LoCoMo streaming multi-turn protocol: data, rendering, the incremental history, and the runner."""
+"""The LoCoMo streaming multi-turn protocol: its data, rendering, and the task registered with the streaming
+protocol."""

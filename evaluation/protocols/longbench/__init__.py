@@ -1,1 +1,2 @@
-"""The LongBench v1 single-turn protocol: data, prompts, and the grid runner."""
+"""The LongBench v1 single-turn protocol: the protocol (``protocol``), its work (``work``), its cells
+(``cells``), data and prompts."""

@@ -1,11 +1,11 @@
-"""The LongBench grid: every example x press x budget, one JSON line per finished cell, resumable.
+"""The cells of one LongBench example, each one JSON line.
 
 Two paths compute a cell. The shared path (default) prefills each example once with the full cache, builds
 every press's cache at every budget from that one prefill by running the press's own hook on the stored inputs
 (``evaluation.engine``) and decodes them in one batch; a press that runs forward passes of its own
-(``press_needs``) takes the per-cell path instead. The per-cell path (``--path per-cell``, the reference) runs
-KVPress's prefill under the press once per cell, with eager attention where the press needs its weights. Each
-row records the path that produced it.
+(``evaluation.catalogue``) takes the per-cell path instead. The per-cell path (``--path per-cell``, the reference)
+runs KVPress's prefill under the press once per cell, with eager attention where the press needs its weights.
+Each row records the path that produced it.
 """
 
 from __future__ import annotations
