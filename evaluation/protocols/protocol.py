@@ -23,6 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import ClassVar, Generic, TypeVar
 
+from typing_extensions import NotRequired, TypedDict
+
 from evaluation.errors import EvaluationError
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.backends import Unit, Work
@@ -75,6 +77,18 @@ def recorded(config: object) -> dict:
     return record
 
 
+class Row(TypedDict):
+    """What every protocol's row holds for its scorecard: the press (its spec), the budget (its key and its label)
+    and the score, None for a failed cell, whose ``error`` says why. A protocol's own row adds what identifies its
+    example and what it measured."""
+
+    press: str
+    budget: str
+    budget_label: str
+    score: float | None
+    error: NotRequired[str]
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a run does once its settings are checked and its data read: its units, the work of one unit, and what
@@ -91,7 +105,8 @@ C = TypeVar("C")
 
 class Protocol(ABC, Generic[C]):
     """One protocol: see the module's docstring. ``presses`` are the default press specs (None: the protocol
-    takes none); ``record_defaults`` stand for settings an older run.json did not record.
+    takes none); ``record_defaults`` stand for settings an older run.json did not record; its rows are a ``Row``
+    of its own (a ``TypedDict``), one JSON line each.
 
     What a protocol declares (its options, configuration, row key and benchmark) is light to import, so the
     command line lists every protocol at once; its work (``dry_run``, ``plan``, ``write_scorecard``) lives in its
@@ -117,7 +132,7 @@ class Protocol(ABC, Generic[C]):
         """The typed configuration of parsed options."""
 
     @abstractmethod
-    def row_key(self, row: dict) -> Hashable:
+    def row_key(self, row: Row) -> Hashable:
         """What identifies a row: a resumed run skips the cells whose key the store holds."""
 
     def dry_run(self, config: C) -> str:

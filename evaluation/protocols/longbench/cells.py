@@ -25,6 +25,7 @@ from evaluation.protocols.longbench.data import (
     TaskConfig,
 )
 from evaluation.protocols.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
+from evaluation.protocols.longbench.protocol import LongBenchRow
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
@@ -77,7 +78,7 @@ def cell_row(
     path: str,
     tokenizer: PreTrainedTokenizerBase,
     attn_implementation: str,
-) -> dict:
+) -> LongBenchRow:
     prediction = tokenizer.decode(generated, skip_special_tokens=True)
     context_tokens = prompt.context_ids.shape[1]
     return {
@@ -100,7 +101,7 @@ def cell_row(
 
 def failed_row(
     example: Example, press_name: str, budget: Budget | None, length: int, path: str, error: Exception
-) -> dict:
+) -> LongBenchRow:
     """A cell the press could not run on this example (too short for its window, a lag over the budget...):
     stored with its reason, counted in the scorecard, never retried on resume."""
     return {

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from typing_extensions import NotRequired
+
 from evaluation.catalogue.budgets import parse_budgets
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.cli.options import fraction, whole
 from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
-from evaluation.protocols.protocol import Protocol, register
+from evaluation.protocols.protocol import Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.models import ModelSettings
 
@@ -18,7 +20,27 @@ DEFAULT_TASKS = ["multi_news"]
 DEFAULT_RATIOS = [0.5, 0.75]
 
 
-def conditions(row: dict) -> list[str]:
+class LongBenchRow(Row):
+    """One cell: an example (``task``, ``id``) under one press at one budget. A failed cell holds its identity,
+    ``path`` and ``error`` alone."""
+
+    task: str
+    id: str
+    path: str
+    compression_ratio: NotRequired[float]
+    context_tokens: NotRequired[int]
+    kept_tokens: NotRequired[int]
+    question_tokens: NotRequired[int]
+    truncated: NotRequired[bool]
+    query_aware: NotRequired[bool]
+    attn_implementation: NotRequired[str]
+    generated_tokens: NotRequired[int]
+    prediction: NotRequired[str]
+    answers: NotRequired[list[str]]
+    all_classes: NotRequired[list[str] | None]
+
+
+def conditions(row: LongBenchRow) -> list[str]:
     """The scorecard conditions a LongBench row counts in: its task."""
     return [row["task"]]
 
@@ -74,7 +96,7 @@ class LongBench(Protocol[LongBenchConfig]):
             path=args.path,
         )
 
-    def row_key(self, row: dict) -> tuple[str, str, str, str]:
+    def row_key(self, row: LongBenchRow) -> tuple[str, str, str, str]:
         return row["task"], row["id"], row["press"], row["budget"]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from evaluation.cli.options import whole
 from evaluation.protocols.probe.facts import FACTS
-from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, register
+from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.models import ModelSettings
 
@@ -50,11 +50,28 @@ def top_label(k: int) -> str:
     return f"top {k} of {FACTS}"
 
 
-def row_key(row: dict) -> tuple[int, str, str]:
+class ProbeRow(Row):
+    """One scorer (``press``) on one probe at one k (``budget``: top k of the facts): 1 when both gold facts rank in
+    its top k; ``prediction`` is its order of the facts."""
+
+    probe: int
+    correct: bool
+    answer_correct: bool
+    bridge_named: bool
+    model_answer: str
+    answer: str
+    prompt_tokens: int
+    answer_tokens: int
+    mean_confidence: float | None
+    gold_ranks: list[int]
+    prediction: str
+
+
+def row_key(row: ProbeRow) -> tuple[int, str, str]:
     return row["probe"], row["press"], row["budget"]
 
 
-def conditions(row: dict) -> list[str]:
+def conditions(row: ProbeRow) -> list[str]:
     return [OVERALL, CORRECT if row["correct"] else INCORRECT]
 
 
@@ -84,7 +101,7 @@ class Probes(Protocol[ProbeConfig]):
     def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> ProbeConfig:
         return ProbeConfig(model, args.seed, args.probes, not args.no_reasoning, output, args.max_new_tokens)
 
-    def row_key(self, row: dict) -> tuple[int, str, str]:
+    def row_key(self, row: ProbeRow) -> tuple[int, str, str]:
         return row_key(row)
 
 

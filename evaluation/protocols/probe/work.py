@@ -22,6 +22,7 @@ from evaluation.protocols.probe.protocol import (
     RECENCY,
     SCORERS,
     ProbeConfig,
+    ProbeRow,
     Probes,
     row_key,
     top_label,
@@ -68,7 +69,9 @@ def scorers(weights: torch.Tensor, confidence: torch.Tensor) -> dict:
 
 
 @torch.no_grad()
-def probe_rows(loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase], probe: Probe, config: ProbeConfig) -> list:
+def probe_rows(
+    loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase], probe: Probe, config: ProbeConfig
+) -> list[ProbeRow]:
     model, tokenizer = loaded
     ids, spans = prompt_ids(tokenizer, probe, config.reasoning)
     placeholder = scorers(torch.ones(1), torch.ones(1))

@@ -36,6 +36,7 @@ from evaluation.protocols.streaming.placements import (
     newest_items,
     turn_room,
 )
+from evaluation.protocols.streaming.protocol import QuestionRow
 from evaluation.protocols.streaming.task import StreamTask
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
@@ -192,7 +193,7 @@ class ConversationRun:
         cells: list[Cell],
         turn: int,
         visible: bool,
-    ) -> list[dict]:
+    ) -> list[QuestionRow]:
         """The rows of ``cells`` for one question. A press the history serves gets its cache from the history (its
         own hook on the stored inputs), all of them decoded in one batch; any other press re-prefills the history
         under itself (``generate``)."""
@@ -252,7 +253,7 @@ class ConversationRun:
 
     def failed_row(
         self, question: Question, cell: Cell, turn: int, visible: bool, history_tokens: int, error: PressCannotRun
-    ) -> dict:
+    ) -> QuestionRow:
         """A cell whose press refused this history: stored with the reason, counted in the scorecard as failed."""
         press_name, budget = cell
         return {
@@ -282,7 +283,7 @@ class ConversationRun:
         turn: int,
         visible: bool,
         path: str,
-    ) -> dict:
+    ) -> QuestionRow:
         press_name, budget = cell
         prediction = self.tokenizer.decode(generated, skip_special_tokens=True).strip()
         scored, score = self.task.scored(self.conversation, question, prediction)

@@ -8,15 +8,41 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from typing_extensions import NotRequired
+
 from evaluation.catalogue.budgets import parse_budgets
 from evaluation.cli.options import whole
-from evaluation.protocols.protocol import Protocol, register
+from evaluation.protocols.protocol import Protocol, Row, register
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.task import StreamTask
 from evaluation.runs.models import ModelSettings
 
 
-def row_key(row: dict) -> tuple[str, int, str, str]:
+class QuestionRow(Row):
+    """One question (``conversation``, ``question_index``) answered under one press at one budget; a task adds its
+    own fields (``StreamTask.row_fields``), and ``retention`` where it measures it. A failed cell holds no
+    answer."""
+
+    conversation: str
+    question_index: int
+    turn: int
+    category: int | str
+    history_tokens: int
+    evidence_visible: bool
+    placement: str
+    question: NotRequired[str]
+    answer: NotRequired[str | int | float]
+    compression_ratio: NotRequired[float]
+    kept_tokens: NotRequired[int]
+    history_mode: NotRequired[str]
+    rmm_weights: NotRequired[str]
+    path: NotRequired[str]
+    prediction: NotRequired[str]
+    scored_prediction: NotRequired[str]
+    retention: NotRequired[float | None]
+
+
+def row_key(row: QuestionRow) -> tuple[str, int, str, str]:
     return row["conversation"], row["question_index"], row["press"], row["budget"]
 
 
@@ -78,7 +104,7 @@ class Streamed(Protocol[StreamConfig]):
     def record_defaults(self) -> dict:
         return {**ModelSettings().record(), "task": "locomo", "episodes": {}}  # what older runs did not record
 
-    def row_key(self, row: dict) -> tuple[str, int, str, str]:
+    def row_key(self, row: QuestionRow) -> tuple[str, int, str, str]:
         return row_key(row)
 
 

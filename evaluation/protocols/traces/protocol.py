@@ -12,9 +12,11 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing_extensions import NotRequired
+
 from evaluation.cli.options import probability, whole
 from evaluation.errors import EvaluationError
-from evaluation.protocols.protocol import DEFINES, DEFINING, SAMPLE, SCORES, Protocol, register
+from evaluation.protocols.protocol import DEFINES, DEFINING, SAMPLE, SCORES, Protocol, Row, register
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.data_location import shared_data
@@ -38,11 +40,23 @@ class TracesConfig:
     h2o_window: int = field(default=H2O_WINDOW, metadata=DEFINING)
 
 
-def row_key(row: dict) -> tuple[str, str, str, str]:
+class TraceRow(Row):
+    """One metric of one policy (``press``) at one budget replayed on one trace, with its value per layer; a
+    trace's ``summary`` row (empty press and budget) holds what the trace itself shows."""
+
+    trace: str
+    metric: str
+    per_layer: NotRequired[list[float]]
+    text: NotRequired[str]
+    length: NotRequired[int]
+    teacher_forced_accuracy: NotRequired[float]
+
+
+def row_key(row: TraceRow) -> tuple[str, str, str, str]:
     return row["trace"], row["press"], row["budget"], row["metric"]
 
 
-def conditions(row: dict) -> list[str]:
+def conditions(row: TraceRow) -> list[str]:
     """The scorecard conditions a trace row counts in: its metric (a trace's summary row counts in none)."""
     return [] if row["metric"] == SUMMARY else [row["metric"]]
 
@@ -108,7 +122,7 @@ class Traces(Protocol[TracesConfig]):
             output=output,
         )
 
-    def row_key(self, row: dict) -> tuple[str, str, str, str]:
+    def row_key(self, row: TraceRow) -> tuple[str, str, str, str]:
         return row_key(row)
 
 

@@ -29,7 +29,7 @@ from evaluation.protocols.traces.policies import (
     recency_control,
     sweep_name,
 )
-from evaluation.protocols.traces.protocol import BENCHMARK, METRICS, SUMMARY, Traces, TracesConfig
+from evaluation.protocols.traces.protocol import BENCHMARK, METRICS, SUMMARY, TraceRow, Traces, TracesConfig
 from evaluation.protocols.traces.record import Trace, load_or_record, source_file, source_text, trace_name
 from evaluation.protocols.traces.replay import Replay, recent_share, replay
 from evaluation.reporting.scorecard import scores_frame, summarize
@@ -52,7 +52,7 @@ def per_layer(values: torch.Tensor, layers: int) -> list[float]:
     return values.view(layers, -1).mean(-1).tolist()
 
 
-def metric_rows(trace: Trace, policy: Policy, budget: int, result: Replay) -> list[dict]:
+def metric_rows(trace: Trace, policy: Policy, budget: int, result: Replay) -> list[TraceRow]:
     label = Budget("tokens", budget)
     common = {"trace": trace.name, "press": policy.name, "budget": label.key, "budget_label": label.label}
     layers = len(trace.layers)
@@ -67,7 +67,7 @@ def metric_rows(trace: Trace, policy: Policy, budget: int, result: Replay) -> li
     return rows
 
 
-def summary_row(trace: Trace, spec: str, stacked: LayerTrace) -> dict:
+def summary_row(trace: Trace, spec: str, stacked: LayerTrace) -> TraceRow:
     """What the trace itself shows: its model's accuracy and how much attention stays near the newest token."""
     return {
         "trace": trace.name,
