@@ -2,23 +2,20 @@
 
 A press that scores cached positions by ``sum over rows t of w(t) a(t -> k)`` reads nothing else of the
 (length x length) attention matrix, and the sum adds up over query rows: chunk by chunk, and turn by turn as a
-history grows. ``ColumnSums`` names one such statistic; ``add_column_sums`` adds a chunk of rows to it. Whoever
-computes the sums elsewhere (``presses.fused_attention`` inside the attention kernel, the evaluation engine from
-one shared prefill) hands them to the press through the attention module (``provide`` / ``provided``), so the
-press still decides, with its own code, what it keeps.
+history grows. ``ColumnSums`` names one such statistic; ``add_column_sums`` adds a chunk of rows to it. A press
+that reads a statistic (``ColumnSumReader``) takes the sums from whoever computed them elsewhere (the fused
+attention of its own prefill, a caller's shared prefill) through ``hand_column_sums``, and still decides, with its
+own code, what it keeps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
-from torch import nn
 
 CORRECTNESS = ("uniform", "teacher_forced", "confidence", "supplied")
-PROVIDED = "kvet_column_sums"  # the attention module's attribute: {ColumnSums: sums (batch, num_heads, k_len)}
 
 
 @dataclass(frozen=True)
@@ -68,20 +65,18 @@ def add_column_sums(
     sums[..., :visible] += probs.sum(2)
 
 
-@contextmanager
-def provide(module: nn.Module, sums: dict[ColumnSums, torch.Tensor]) -> Iterator[None]:
-    """Inside the block, ``module`` hands ``sums`` to the presses that read them (``provided``)."""
-    setattr(module, PROVIDED, dict(sums))
-    try:
-        yield
-    finally:
-        delattr(module, PROVIDED)
+@runtime_checkable
+class ColumnSumReader(Protocol):
+    """A press whose prefill score reads a layer's attention only through the column sums of ``statistic``, and
+    takes them precomputed when they are handed to it instead of recomputing them."""
 
+    @property
+    def statistic(self) -> ColumnSums:
+        """The column sums of a prefill's attention the press reads."""
+        ...
 
-def provided(module: nn.Module, statistic: ColumnSums, k_len: int) -> torch.Tensor | None:
-    """The sums of ``statistic`` over ``k_len`` keys that ``module`` was handed, removed from it; None if none."""
-    table: dict[ColumnSums, torch.Tensor] = getattr(module, PROVIDED, {})
-    sums = table.get(statistic)
-    if sums is None or sums.shape[-1] != k_len:
-        return None
-    return table.pop(statistic)
+    def hand_column_sums(self, layer_idx: int, sums: torch.Tensor | None) -> None:
+        """Hand the press the sums of ``statistic`` (batch, num_heads, k_len) over a prefill of the layer
+        ``layer_idx`` that has yet to reach the press's hook (None: take back what was handed). The press reads
+        them in its next prefill of that layer over k_len keys, once, and recomputes the sums when handed none."""
+        ...

@@ -12,7 +12,7 @@ from kvpress.utils import compute_n_kept
 from transformers import PreTrainedModel
 
 from presses.attention import DEFAULT_CHUNK_SIZE, attention_rows, group_mean, recomputed_keys, row_positions
-from presses.column_sums import ColumnSums, provided
+from presses.column_sums import ColumnSums
 from presses.fused_attention import fused_column_sums
 from presses.ordered_scorer_press import OrderedScorerPress, check_compression_ratio, gather_kept, kept_indices
 from presses.prefix import replay, token_ids_of
@@ -34,6 +34,10 @@ class RMMPress(OrderedScorerPress):
     outrank an incumbent. ``lag=None`` is the paper's benchmark scorer, KVPress's H2O score with a weight per
     row, which with uniform weights keeps exactly what ``ObservedAttentionPress`` keeps. One smoother per layer
     follows the cache through prefill and decoding, whoever evicts (docs/presses.md).
+
+    A prefill's score reads the attention only through the column sums of ``statistic``: whoever computed them
+    already (its own fused prefill, a caller's shared prefill) hands them over with ``hand_column_sums`` before
+    the layer's hook runs, and the press takes them instead of recomputing them (a ``ColumnSumReader``).
 
     Parameters
     ----------
@@ -60,6 +64,7 @@ class RMMPress(OrderedScorerPress):
     _transcript: Transcript = field(default_factory=Transcript, init=False, repr=False, compare=False)
     _model: PreTrainedModel | None = field(default=None, init=False, repr=False, compare=False)
     _prefix: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _handed: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,6 +91,18 @@ class RMMPress(OrderedScorerPress):
     def statistic(self) -> ColumnSums:
         """The column sums of the prefill's attention that this press's prefill score reads."""
         return ColumnSums(self.lag, self.correctness if isinstance(self.correctness, str) else "supplied")
+
+    def hand_column_sums(self, layer_idx: int, sums: torch.Tensor | None) -> None:
+        """Hand the press the column sums of ``statistic`` (batch, num_heads, k_len) over a prefill of the layer
+        ``layer_idx`` whose hook has yet to run (None: take back what was handed).
+
+        The layer's next prefill over k_len keys scores from them, once, instead of recomputing its attention rows;
+        sums over another number of keys are left unread.
+        """
+        if sums is None:
+            self._handed.pop(layer_idx, None)
+        else:
+            self._handed[layer_idx] = sums
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
         """The commit rule over ``keys`` (batch, num_kv_heads, k_len): +inf for the provisional buffer, the
@@ -167,7 +184,7 @@ class RMMPress(OrderedScorerPress):
     def _observe_rows(self, module, smoother, hidden_states, keys, attentions, kwargs, positions, prefilling) -> None:
         """Observe the rows of ``hidden_states`` at ``positions`` that ``smoother`` has not seen yet."""
         smoother.revise(self._transcript.confirmation(self.correctness))
-        sums = provided(module, self.statistic, keys.shape[2]) if prefilling and attentions is None else None
+        sums = self._handed_sums(module.layer_idx, keys.shape[2]) if prefilling and attentions is None else None
         if sums is not None:
             smoother.set_sums(group_mean(sums.float(), keys.shape[1]))
             return
@@ -184,6 +201,13 @@ class RMMPress(OrderedScorerPress):
             settled = [row - first for row in unconfirmed if span.start <= row < span.stop]
             grouped = group_mean(probs, keys.shape[1])
             smoother.observe(positions[:, -n_new:][:, span], weights[:, span], grouped, valid, settled)
+
+    def _handed_sums(self, layer_idx: int, k_len: int) -> torch.Tensor | None:
+        """The sums handed for the layer over ``k_len`` keys, taken from the press; None if none."""
+        sums = self._handed.get(layer_idx)
+        if sums is None or sums.shape[-1] != k_len:
+            return None
+        return self._handed.pop(layer_idx)
 
     def _observe_prefix(self, module, smoother, keys, kwargs, positions) -> None:
         """A decoding cache met for the first time: replay its older positions, which this press never saw
@@ -241,7 +265,7 @@ class RMMPress(OrderedScorerPress):
         self._transcript.clear()
         weights = self.correctness if isinstance(self.correctness, torch.Tensor) else None
         fused = (
-            fused_column_sums(model, language_model(model).layers, self.statistic, weights, self.chunk_size)
+            fused_column_sums(model, language_model(model).layers, self, weights, self.chunk_size)
             if self.fused_attention
             else nullcontext()
         )

@@ -56,9 +56,11 @@ from evaluation.catalogue.needs import needs
 from evaluation.catalogue.registry import OWN_PREFILL, SHARED
 from evaluation.catalogue.resolved import make_press
 from evaluation.engine.history import History
-from evaluation.engine.hooks import mask_of
+from evaluation.engine.hooks import mask_of, sums_handed
+from evaluation.errors import EvaluationError
 from presses import RecentWindowPress, RMMPress, TOVAPress
 from presses.column_sums import ColumnSums
+from presses.wrapped import every_press
 from tests.helpers import (
     confidence_weights,
     confident_model,
@@ -207,7 +209,16 @@ def test_the_engine_leaves_exactly_the_cache_a_prefill_under_the_press_leaves(mo
         assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values), f"layer {index}"
         mask = mask_of(getattr(model.model.layers[index].self_attn, "masked_key_indices", None), theirs.keys)
         assert (mask is None and compressed.masks[index] is None) or torch.equal(compressed.masks[index], mask)
-    assert not any(getattr(layer.self_attn, "kvet_column_sums", None) for layer in model.model.layers)
+    assert not any(getattr(held, "_handed", None) for held in every_press(press)), "handed sums are taken back"
+
+
+def test_each_statistic_is_handed_to_the_first_press_that_reads_it_and_taken_back():
+    first, second, other = RMMPress(0.3, correctness="uniform"), RMMPress(0.3, correctness="uniform"), RMMPress(0.3)
+    sums = {first.statistic: torch.ones(1, 4, 10), ColumnSums(7): torch.zeros(1, 4, 10)}
+    with sums_handed(ComposedPress([first, KnormPress(0.2), second, other]), 1, sums):
+        assert list(first._handed) == [1] and first._handed[1] is sums[first.statistic]
+        assert not second._handed and not other._handed
+    assert not first._handed
 
 
 @pytest.mark.parametrize("press", EAGER, ids=repr)
@@ -244,7 +255,6 @@ def test_h2o_beside_a_press_that_reads_attention_rows_or_as_a_subclass_gets_its_
 
 def test_h2o_after_a_press_that_evicts_cannot_run_and_is_refused_before_any_work():
     from evaluation.catalogue.resolved import resolve_presses
-    from evaluation.errors import EvaluationError
 
     with pytest.raises(EvaluationError, match="ObservedAttentionPress after a press that evicts"):
         resolve_presses(["composed([knorm, h2o])"])

@@ -3,6 +3,8 @@ definition, and ``RMMPress(fused_attention=True)`` against KVPress's ``ObservedA
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 import torch
 from kvpress import ObservedAttentionPress
@@ -10,9 +12,10 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import presses.rmm_press
+from evaluation.engine.fused_rows import RowsRequest
 from presses import RMMPress
-from presses.column_sums import PROVIDED, ColumnSums, provided
-from presses.fused_attention import FUSED_SDPA, REQUEST, ColumnSumRequest, RowsRequest, fused_sdpa
+from presses.column_sums import ColumnSumReader, ColumnSums
+from presses.fused_attention import FUSED_SDPA, REQUEST, ColumnSumRequest, fused_sdpa
 from tests.helpers import kept_positions, prefill, same_sets, tiny_model
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
@@ -45,11 +48,29 @@ def column_sums_by_definition(
     return probs.sum(2)
 
 
+@dataclass
+class Reader:
+    """A ``ColumnSumReader`` that keeps what it is handed, per layer."""
+
+    statistic: ColumnSums
+    handed: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def hand_column_sums(self, layer_idx: int, sums: torch.Tensor | None) -> None:
+        if sums is None:
+            self.handed.pop(layer_idx, None)
+        else:
+            self.handed[layer_idx] = sums
+
+
 def attention_module() -> nn.Module:
     module = nn.Module()
     module.is_causal = True
     module.num_key_value_groups = HEADS // KV_HEADS
     return module
+
+
+def test_rmm_press_and_the_test_reader_take_handed_sums():
+    assert isinstance(RMMPress(), ColumnSumReader) and isinstance(Reader(ColumnSums()), ColumnSumReader)
 
 
 @pytest.mark.parametrize(("q_len", "k_len"), [(37, 37), (20, 45)])
@@ -59,13 +80,13 @@ def test_output_equals_sdpa_and_sums_follow_the_definition(q_len, k_len, lag, we
     query, key, value = attention_inputs(q_len, k_len)
     weights = torch.rand(1, k_len, generator=torch.Generator().manual_seed(1)) if weighted else None
     module = attention_module()
-    statistic = ColumnSums(lag, "supplied" if weighted else "uniform")
-    setattr(module, REQUEST, ColumnSumRequest(statistic, weights, chunk_size=8))
+    reader = Reader(ColumnSums(lag, "supplied" if weighted else "uniform"))
+    setattr(module, REQUEST, ColumnSumRequest(reader, 3, weights, chunk_size=8))
     output, _ = fused_sdpa(module, query, key, value, None, scaling=HEAD_DIM**-0.5)
     mask = None if q_len == k_len else torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
     expected, _ = sdpa_attention_forward(attention_module(), query, key, value, mask, scaling=HEAD_DIM**-0.5)
     torch.testing.assert_close(output, expected, atol=1e-5, rtol=0)
-    sums = provided(module, statistic, k_len)
+    sums = reader.handed[3]
     torch.testing.assert_close(sums, column_sums_by_definition(query, key, weights, lag), atol=1e-5, rtol=0)
 
 
@@ -90,15 +111,13 @@ def test_kept_rows_are_the_attention_under_the_mask_per_kv_head(unpadded):
 def test_what_it_cannot_sum_goes_to_sdpa_and_records_nothing():
     query, key, value = attention_inputs(12, 12)
     module = attention_module()
-    setattr(module, REQUEST, ColumnSumRequest(ColumnSums(), None, chunk_size=4))
-    setattr(module, PROVIDED, {ColumnSums(): torch.zeros(1, HEADS, 12)})
+    reader = Reader(ColumnSums(), {0: torch.zeros(1, HEADS, 12)})
+    setattr(module, REQUEST, ColumnSumRequest(reader, 0, None, chunk_size=4))
     padding = torch.ones(1, 1, 12, 12, dtype=torch.bool).tril()
     output, _ = fused_sdpa(module, query, key, value, padding, scaling=0.25)
     expected, _ = sdpa_attention_forward(attention_module(), query, key, value, padding, scaling=0.25)
     assert torch.equal(output, expected)
-    assert provided(module, ColumnSums(), 12) is None, (
-        "an earlier forward's sums must not survive one that could not fuse"
-    )
+    assert not reader.handed, "an earlier forward's sums must not survive one that could not fuse"
 
 
 @pytest.mark.parametrize("ratio", [0.25, 0.6])
@@ -126,13 +145,14 @@ def test_fused_press_scores_from_the_fused_sums_and_restores_the_model(sdpa_mode
     hook = sdpa_model.model.layers[0].self_attn.register_forward_pre_hook(
         lambda module, args: seen.append(sdpa_model.config._attn_implementation)
     )
-    cache = prefill(sdpa_model, token_ids, RMMPress(compression_ratio=0.5, correctness="uniform", fused_attention=True))
+    press = RMMPress(compression_ratio=0.5, correctness="uniform", fused_attention=True)
+    cache = prefill(sdpa_model, token_ids, press)
     hook.remove()
     assert seen == [FUSED_SDPA]
     assert cache.get_seq_length() == token_ids.shape[1] // 2
     assert sdpa_model.config._attn_implementation == "sdpa"
     assert not any(hasattr(layer.self_attn, REQUEST) for layer in sdpa_model.model.layers)
-    assert not any(hasattr(layer.self_attn, PROVIDED) for layer in sdpa_model.model.layers)
+    assert not press._handed, "every layer's sums were read, or taken back"
 
 
 def test_fused_press_under_eager_reads_the_eager_weights(eager_model, token_ids):

@@ -1,26 +1,54 @@
-"""Packaging: ranges (no pins) in pyproject.toml, and an install into an environment that already has the stack
-changes none of it."""
+"""Packaging: ranges (no pins) in pyproject.toml, the core dependencies exactly what the presses import and the
+extras what the harness adds, an import of the presses that adds nothing to what KVPress imported and registered,
+and an install into an environment that already has the stack that changes none of it."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import tomllib
 
+from presses import RMMPress, TOVAPress
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_dependencies_are_ranges_and_cover_every_import():
+DISTRIBUTIONS = {"yaml": "pyyaml"}  # import name -> distribution name, where they differ
+
+
+def imported_packages(folder: str) -> set[str]:
+    """The distributions whose modules the files under ``folder`` import: every import, at any depth, of a
+    top-level module neither in the standard library nor in this project."""
+    names = set()
+    for path in (ROOT / folder).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names.add(node.module.split(".")[0])
+    names -= set(sys.stdlib_module_names) | {"__future__", "presses", "evaluation"}
+    return {DISTRIBUTIONS.get(name, name) for name in names}
+
+
+def distribution_names(requirements: list[str]) -> set[str]:
+    return {re.split("[<>=!~ ;\\[]", r, maxsplit=1)[0].lower().replace("-", "_") for r in requirements}
+
+
+def test_dependencies_are_ranges_the_presses_need_the_core_and_the_harness_its_extras():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
+    extras = project["optional-dependencies"]
+    declared = project["dependencies"] + [d for extra in extras.values() for d in extra]
     assert not [d for d in declared if "==" in d], "pyproject.toml declares ranges; constraints.txt pins"
-    names = {d.split(">")[0].split("<")[0].split("=")[0].strip().lower().replace("-", "_") for d in declared}
-    imported = {"torch", "kvpress", "transformers", "tokenizers", "numpy", "pandas", "datasets", "huggingface_hub"}
-    imported |= {"gguf", "tqdm", "rouge", "rapidfuzz", "nltk", "matplotlib", "pyyaml", "ray"}
-    assert imported <= names, f"imported but not declared: {imported - names}"
+    core = distribution_names(project["dependencies"])
+    assert core == imported_packages("presses"), "the core dependencies are exactly what the presses import"
+    harness = imported_packages("evaluation")
+    served = core | distribution_names(extras["eval"]) | distribution_names(extras["ray"])
+    assert harness <= served, f"imported by the harness but in neither the core nor its extras: {harness - served}"
 
 
 def test_installing_into_an_existing_stack_keeps_its_versions():
@@ -77,6 +105,37 @@ def test_the_presses_need_no_harness_dependency():
     assert done.stdout.strip() == "ok"
 
 
+# a fresh interpreter imports KVPress, then our presses: what the second import adds to sys.modules and to
+# transformers' attention registries
+IMPORT_AFTER_KVPRESS = """
+import json, sys
+import kvpress
+from transformers import AttentionInterface, AttentionMaskInterface
+
+def registries():
+    return {name: sorted(f"{key}={value!r}" for key, value in interface._global_mapping.items())
+            for name, interface in (("attention", AttentionInterface), ("mask", AttentionMaskInterface))}
+
+modules, before = set(sys.modules), registries()
+from presses import RMMPress, TOVAPress
+print(json.dumps({"modules": sorted(set(sys.modules) - modules), "before": before, "after": registries()}))
+"""
+
+
+def test_importing_the_presses_after_kvpress_imports_no_other_package_and_registers_nothing():
+    done = subprocess.run([sys.executable, "-c", IMPORT_AFTER_KVPRESS], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = json.loads(done.stdout)
+    tops = {name.split(".")[0] for name in imported["modules"]}
+    assert "presses" in tops
+    assert "evaluation" not in tops, [name for name in imported["modules"] if name.startswith("evaluation")]
+    packages = tops - set(sys.stdlib_module_names) - {"presses"}
+    assert not packages, f"importing the presses imports what KVPress did not: {sorted(packages)}"
+    before, after = imported["before"], imported["after"]
+    changed = {name: sorted(set(entries) ^ set(after[name])) for name, entries in before.items()}
+    assert after == before, f"importing the presses changes transformers' registries: {changed}"
+
+
 def test_the_harness_without_its_extra_says_what_to_install():
     script = BLOCK_HARNESS + "import runpy\nrunpy.run_module('evaluation', run_name='__main__')\n"
     done = subprocess.run([sys.executable, "-c", script, "--help"], capture_output=True, text=True, cwd=ROOT)
@@ -87,8 +146,6 @@ def test_the_harness_without_its_extra_says_what_to_install():
 def test_the_documented_registry_lines_add_presses_kvpress_can_set():
     """The lines docs/presses.md gives for KVPress's ``PRESS_REGISTRY`` add our presses, and the ratio KVPress's
     ``evaluate.py`` sets on a registry press takes."""
-    from presses import RMMPress, TOVAPress
-
     text = (ROOT / "docs/presses.md").read_text().split("<!-- kvpress-registry -->")[1]
     snippet = text.split("```python")[1].split("```")[0]
     registry: dict = {"tova": object()}

@@ -16,7 +16,7 @@ its own hook on it (``evaluation.engine``). What to keep is declared here, per p
 - ``rows``: how many of the newest rows of each layer's input the press reads (``ALL``: every one);
 - ``sums``: the column sums of the attention weights it reads instead of the weights themselves
   (``presses.column_sums``): ``ObservedAttentionPress`` reads H2O's sums, handed to it as a one-row stand-in for
-  the eager matrix; ``RMMPress`` its own statistic, handed through the attention module;
+  the eager matrix; ``RMMPress`` its own statistic, handed through its ``hand_column_sums``;
 - ``path``: ``shared`` (the engine runs its hook on the stored inputs), ``own-prefill`` (it runs forward passes of
   its own, or mixes H2O's sums with presses that read attention rows: a prefill under the press per cell, per
   question on the streaming protocols), ``decoding`` (it compresses while the answer is generated) or ``refused``

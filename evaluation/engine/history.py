@@ -8,7 +8,7 @@ rows of the layer's input (all of them if any press reads every row), the rotary
 of attention that H2O and RMM read instead of the (length x length) weights, which new rows only add to (per KV
 head: both presses average them over each KV group's query heads). A short extension of the cache (a turn) takes
 those rows from its own forward, which then runs ``fused_sdpa`` (equal to sdpa within float rounding), instead of
-a second pass over the keys.
+a second pass over the keys (``engine.fused_rows``).
 
 ``compress`` then runs a press's own forward hook on each layer's stored inputs (``engine.hooks``): the cache a
 prefill of the whole history under that press would leave, decided by the press's code.
@@ -26,10 +26,10 @@ from transformers import DynamicCache, PreTrainedModel
 
 from evaluation.catalogue.needs import Needs, combined, needs
 from evaluation.catalogue.registry import ALL, SHARED
+from evaluation.engine.fused_rows import fused_rows
 from evaluation.engine.hooks import Compressed, cache_of, no_new_hooks, run_hook, run_score
 from presses.attention import DEFAULT_CHUNK_SIZE, attention_rows, group_mean, sliding_window
 from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
-from presses.fused_attention import fused_rows
 from presses.prefix import forward_capturing
 from presses.teacher_forcing import FROM_PREDICTIONS, language_model, top1_confidence, top1_predictions
 

@@ -3,8 +3,11 @@
 KVPress calls a prefill press's ``forward_hook(module, input, kwargs, output)`` after each attention layer.
 ``run_hook`` calls it the same way, with the layer's stored input rows, rotary embeddings and keys and values
 (copies on write: ThinK edits keys in place), on a stand-in cache of that layer, so the press's code alone
-decides what the layer keeps. What a press leaves on the module for decoding (``masked_key_indices``: AdaKV's
-head-wise eviction, which KVPress applies during attention) is read back as a mask and the module restored.
+decides what the layer keeps. The column sums the history keeps are handed, for the call, to the presses that
+read them (``presses.column_sums.ColumnSumReader``: ``sums_handed``), and H2O's stand in for the eager weights
+``ObservedAttentionPress`` reads (``attentions``, one row). What a press leaves on the module for decoding
+(``masked_key_indices``: AdaKV's head-wise eviction, which KVPress applies during attention) is read back as a
+mask and the module restored.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from evaluation.errors import press_refusals
-from presses.column_sums import ColumnSums, provide
+from presses.column_sums import ColumnSumReader, ColumnSums
+from presses.wrapped import every_press
 
 MASKED = "masked_key_indices"
 
@@ -103,7 +107,7 @@ def run_hook(
     (batch, length, hidden) whose full keys and values these are, as under sdpa (``attentions`` None) or with
     H2O's sums standing in for the eager weights; ``sums``: the column sums handed to presses that read them."""
     kwargs = hook_kwargs(module, keys, values, hidden_states, rotary)
-    with on_module(module), provide(module, sums), press_refusals(press):
+    with on_module(module), sums_handed(press, module.layer_idx, sums), press_refusals(press):
         press.forward_hook(module, [], kwargs, (None, attentions))
         layer = kwargs["past_key_values"].layers[module.layer_idx]
         return layer.keys, layer.values, mask_of(getattr(module, MASKED, None), layer.keys)
@@ -122,8 +126,25 @@ def run_score(
     """The scorer's own ``score`` of every cached position of ``module``'s layer, (batch, num_kv_heads, length),
     from the same inputs ``run_hook`` hands its forward hook."""
     kwargs = hook_kwargs(module, keys, values, hidden_states, rotary)
-    with on_module(module), provide(module, sums), press_refusals(press):
+    with on_module(module), sums_handed(press, module.layer_idx, sums), press_refusals(press):
         return press.score(module, hidden_states, keys, values, attentions, kwargs)
+
+
+@contextmanager
+def sums_handed(press: BasePress, layer_idx: int, sums: dict[ColumnSums, torch.Tensor]) -> Iterator[None]:
+    """Inside the block, the sums of each statistic at the layer ``layer_idx`` are handed to the first press that
+    reads them, ``press`` or one it holds (depth first, the order its hooks run in): one prefill's sums, read once,
+    as a later reader of the same statistic would find them taken and recompute its own."""
+    remaining, readers = dict(sums), []
+    for held in every_press(press):
+        if isinstance(held, ColumnSumReader) and held.statistic in remaining:
+            held.hand_column_sums(layer_idx, remaining.pop(held.statistic))
+            readers.append(held)
+    try:
+        yield
+    finally:
+        for reader in readers:
+            reader.hand_column_sums(layer_idx, None)
 
 
 def hook_kwargs(
