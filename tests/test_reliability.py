@@ -38,7 +38,7 @@ def test_a_second_run_into_the_same_folder_is_refused_while_the_first_writes(mod
 def test_run_json_is_written_before_the_first_cell(model_dir, data_dir, tmp_path, monkeypatch):  # noqa: F811
     import gc
 
-    import evaluation.runs.loop as loop
+    import evaluation.protocols.loop as loop
 
     output = tmp_path / "run"
 

@@ -1,1 +1,1 @@
-"""The command line: ``python -m evaluation SUBCOMMAND``, option types, and ``--config`` files."""
+"""The command line: ``python -m evaluation SUBCOMMAND`` (``main``) and ``--config`` files (``config_file``)."""

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from evaluation.catalogue.specs import canonical
 from evaluation.cli.config_file import with_config
-from evaluation.cli.options import whole
 from evaluation.errors import EvaluationError, refused_write
+from evaluation.protocols.loop import run
+from evaluation.protocols.options import whole
 from evaluation.protocols.protocol import REFERENCE, Protocol, protocols
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.runs.backends import Backend
-from evaluation.runs.loop import run
 from evaluation.runs.models import SMOLLM2_ALIAS, ModelSettings
 from evaluation.runs.terminal import quiet_libraries
 
@@ -158,7 +158,7 @@ def parser_for_every_command() -> argparse.ArgumentParser:
     for command in COMMANDS:
         subparser = subparsers.add_parser(command.name, help=command.help, description=command.description)
         command.add_options(subparser)
-        subparser.set_defaults(act=command)
+        subparser.set_defaults(act=command, benchmarks={name: p.benchmark for name, p in protocols().items()})
     for subparser in subparsers.choices.values():
         subparser.allow_abbrev = False  # --pres is not --presses
     return parser

@@ -4,7 +4,7 @@ A ``Protocol`` owns everything that differs between LongBench, each streamed tas
 probe: its command-line options (``add_options``), its typed configuration (``configure``), its plan without a
 model (``dry_run``), its units of work and the settings its run records (``plan``), the key of its rows
 (``row_key``) and its scorecard (``benchmark``, ``write_scorecard``). Everything they share, the run record, the
-result store, the backend, resume, the scorecard's call and the finish, is one loop: ``evaluation.runs.loop``.
+result store, the backend, resume, the scorecard's call and the finish, is one loop: ``evaluation.protocols.loop``.
 
 A protocol module defines its protocol and calls ``register``; ``protocols()`` imports the modules the project
 ships, so the command line builds one subcommand per registered protocol and the combined scorecard finds a run's

@@ -12,27 +12,22 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.errors import EvaluationError
-from evaluation.protocols.protocol import protocols
 from evaluation.reporting.conditions import Benchmark
 from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize, write_scorecard
 from evaluation.runs.json_rows import read_rows
 from evaluation.runs.record import read_record
 
 
-def benchmark_of(protocol: str) -> Benchmark | None:
-    """The benchmark of a protocol, by the name its run.json records."""
-    known = protocols().get(protocol)
-    return known.benchmark if known is not None else None
-
-
-def load_runs(run_dirs: list[Path]) -> tuple[list[tuple[Benchmark, list[dict]]], list[str]]:
+def load_runs(
+    run_dirs: list[Path], benchmarks: dict[str, Benchmark]
+) -> tuple[list[tuple[Benchmark, list[dict]]], list[str]]:
     """The runs to pool (each folder once, all of one model: name and precision, and runs of one protocol under
     one setting), and those whose last session has not finished (still running, or cut off): their rows so far."""
     seen = [run.resolve() for run in run_dirs]
     twice = sorted({str(run) for run in seen if seen.count(run) > 1})
     if twice:
         raise EvaluationError(f"run {', '.join(twice)} is given twice: its examples would count twice")
-    loaded = [load_run(run) for run in run_dirs]
+    loaded = [load_run(run, benchmarks) for run in run_dirs]
     records = {run: record for run, (_, _, record) in zip(run_dirs, loaded, strict=True)}
     check_same_settings(records)
     models = {run: (str(r["config"].get("model")), str(r["config"].get("dtype"))) for run, r in records.items()}
@@ -66,14 +61,15 @@ def check_same_settings(records: dict[Path, dict]) -> None:
                 )
 
 
-def load_run(run_dir: Path) -> tuple[Benchmark, list[dict], dict]:
-    """A run folder's benchmark, rows and run.json record."""
+def load_run(run_dir: Path, benchmarks: dict[str, Benchmark]) -> tuple[Benchmark, list[dict], dict]:
+    """A run folder's benchmark (``benchmarks``: each protocol's, by the name run.json records), rows and
+    run.json record."""
     record_path = run_dir / "run.json"
     if not record_path.is_file():
         raise EvaluationError(f"{record_path} not found: is {run_dir} a run folder?")
     record = read_record(record_path)
     protocol = record.get("protocol", "")
-    benchmark = benchmark_of(protocol)
+    benchmark = benchmarks.get(protocol)
     if benchmark is None:
         raise EvaluationError(
             f"{record_path}: unknown protocol {protocol!r}; is {run_dir} a run folder of this project?"
@@ -133,8 +129,8 @@ def write_combined(
 
 
 def command(args: argparse.Namespace) -> int:
-    """``python -m evaluation scorecard``."""
-    runs, partial = load_runs(args.runs)
+    """``python -m evaluation scorecard``; ``args.benchmarks``: every protocol's, by name."""
+    runs, partial = load_runs(args.runs, args.benchmarks)
     write_combined(args.output, runs, args.reference, args.resamples, args.seed, partial)
     print(f"scorecard: {args.output / 'scorecard.md'}")
     return 0

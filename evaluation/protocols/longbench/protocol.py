@@ -10,8 +10,8 @@ from typing_extensions import NotRequired
 
 from evaluation.catalogue.budgets import parse_budgets
 from evaluation.catalogue.specs import DEFAULT_PRESSES
-from evaluation.cli.options import fraction, whole
 from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
+from evaluation.protocols.options import fraction, whole
 from evaluation.protocols.protocol import Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.models import ModelSettings

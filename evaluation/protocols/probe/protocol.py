@@ -22,7 +22,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluation.cli.options import whole
+from evaluation.protocols.options import whole
 from evaluation.protocols.probe.facts import FACTS
 from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing_extensions import NotRequired
 
 from evaluation.catalogue.budgets import parse_budgets
-from evaluation.cli.options import whole
+from evaluation.protocols.options import whole
 from evaluation.protocols.protocol import Protocol, Row, register
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.task import StreamTask

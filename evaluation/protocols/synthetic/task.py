@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from evaluation.catalogue.specs import DEFAULT_PRESSES
-from evaluation.cli.options import whole
 from evaluation.errors import EvaluationError
 from evaluation.protocols.locomo.render import header, render_session
+from evaluation.protocols.options import whole
 from evaluation.protocols.protocol import SAMPLED
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from typing_extensions import NotRequired
 
-from evaluation.cli.options import probability, whole
 from evaluation.errors import EvaluationError
+from evaluation.protocols.options import probability, whole
 from evaluation.protocols.protocol import DEFINES, DEFINING, SAMPLE, SCORES, Protocol, Row, register
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.reporting.conditions import Benchmark
