@@ -29,14 +29,15 @@ lint: setup
 	$(PY) -m ruff format --check .
 
 # Newcomer-sized runs (minutes): SmolLM2 on 2 multi_news examples at keep 50% and 25%, and on 2 LoCoMo
-# conversations' first 10 questions placed after their evidence, every default press.
+# conversations' first 10 questions placed after their evidence, every default press; into scratch/ (git-ignored:
+# a later run's commit stays clean).
 eval-longbench: setup
 	$(PY) -m evaluation longbench --data $(LONGBENCH_DIR) --n 2 --max-length 1024 \
-		--output results/longbench/smollm2-135m-quick
+		--output scratch/longbench/smollm2-135m-quick
 
 eval-locomo: setup
 	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --conversations conv-26 conv-30 --max-turns 10 \
-		--placement evidence --budgets 512 --output results/locomo/smollm2-135m-quick
+		--placement evidence --budgets 512 --output scratch/locomo/smollm2-135m-quick
 
 # The committed runs (up to 90 minutes each on 2 cores): results/README.md reads them.
 LONGBENCH_PRESSES := full snapkv h2o streaming_llm tova rmm 'rmm(lag=64)'

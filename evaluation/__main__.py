@@ -1,13 +1,24 @@
 import sys
 from importlib.util import find_spec
 
-HARNESS_MODULES = ("gguf", "tqdm", "rouge", "rapidfuzz", "nltk", "matplotlib", "yaml")
+HARNESS_MODULES = (
+    "gguf",
+    "tqdm",
+    "rouge",
+    "rapidfuzz",
+    "nltk",
+    "matplotlib",
+    "yaml",
+    "pandas",
+    "psutil",
+    "typing_extensions",
+)
 
 missing = [name for name in HARNESS_MODULES if find_spec(name) is None]
 if missing:
     sys.exit(
         f"error: the evaluation harness needs {', '.join(missing)}: install its extra, "
-        "pip install 'kv-eviction-toolkit[eval]' (make setup does)"
+        "pip install -e '.[eval]' in the checkout (make setup does)"
     )
 
 from evaluation.cli.main import main  # noqa: E402

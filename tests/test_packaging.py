@@ -140,7 +140,7 @@ def test_the_harness_without_its_extra_says_what_to_install():
     script = BLOCK_HARNESS + "import runpy\nrunpy.run_module('evaluation', run_name='__main__')\n"
     done = subprocess.run([sys.executable, "-c", script, "--help"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 1
-    assert "pip install 'kv-eviction-toolkit[eval]'" in done.stderr
+    assert "pip install -e '.[eval]' in the checkout" in done.stderr
 
 
 def test_the_documented_registry_lines_add_presses_kvpress_can_set():
