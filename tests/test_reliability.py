@@ -36,8 +36,6 @@ def test_a_second_run_into_the_same_folder_is_refused_while_the_first_writes(mod
 
 
 def test_run_json_is_written_before_the_first_cell(model_dir, data_dir, tmp_path, monkeypatch):  # noqa: F811
-    import gc
-
     import evaluation.protocols.loop as loop
 
     output = tmp_path / "run"
@@ -51,10 +49,7 @@ def test_run_json_is_written_before_the_first_cell(model_dir, data_dir, tmp_path
         raise KeyboardInterrupt
 
     monkeypatch.setattr(loop, "run_units", crash)
-    with pytest.raises(KeyboardInterrupt) as crashed:
-        longbench(model_dir, data_dir, output)
-    del crashed
-    gc.collect()  # the crashed session's frames, and with them its lock, are gone
+    assert longbench(model_dir, data_dir, output) == 130, "Ctrl-C: one line and exit status 130"
 
 
 def test_a_resume_with_other_settings_or_data_is_refused(model_dir, data_dir, tmp_path, capsys):  # noqa: F811

@@ -29,6 +29,7 @@ from evaluation.runs.terminal import quiet_libraries
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
+INTERRUPTED = "interrupted: every finished cell is saved; run the same command to resume"
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +116,7 @@ def add_scorecard_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resamples", type=whole(1), default=DEFAULT_RESAMPLES, help=f"bootstrap resamples ({DEFAULT_RESAMPLES})"
     )
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"bootstrap seed ({DEFAULT_SEED})")
+    parser.add_argument("--seed", type=whole(0), default=DEFAULT_SEED, help=f"bootstrap seed ({DEFAULT_SEED})")
 
 
 def add_score_options(parser: argparse.ArgumentParser) -> None:
@@ -182,3 +183,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {refused_write(error)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130

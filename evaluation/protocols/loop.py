@@ -18,9 +18,10 @@ def run(protocol: Protocol, config, backend: Backend = LOCAL) -> Path:
     defining = results_defining(config) | dict.fromkeys(plan.sample, SAMPLE)
     pooled = [key for key, defines in defining.items() if defines == SCORES]
     record = RunRecord(config.output, settings, tuple(defining), protocol.record_defaults(), protocol.name, pooled)
-    store = ResultStore(config.output / "predictions.jsonl", protocol.row_key)
-    outcome = run_units(plan.units, plan.work, config.model, store, backend)
-    protocol.write_scorecard(config, store.rows)
-    record.finish(outcome, backend=backend.kind)
+    with record:
+        store = ResultStore(config.output / "predictions.jsonl", protocol.row_key)
+        outcome = run_units(plan.units, plan.work, config.model, store, backend)
+        protocol.write_scorecard(config, store.rows)
+        record.finish(outcome, backend=backend.kind)
     outcome.raise_failures(backend.retries)
     return config.output

@@ -2,7 +2,8 @@
 any mix of LongBench, LoCoMo and trace runs with a 95% bootstrap interval over examples, and against a
 reference press the paired difference, its verdict (win, tie: the interval contains 0, loss) and the wins /
 ties / losses per press, as in the paper's Figure 3. A press name is its spec, so one name is one press in every
-run; a run's benchmark is the protocol its run.json records; runs that hold the same example twice are refused."""
+run; a run's benchmark is the protocol its run.json records; runs that hold the same example twice, and rows of a
+press or budget their run did not ask for, are refused."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from evaluation.catalogue.budgets import Budget
+from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError
 from evaluation.reporting.conditions import Benchmark
 from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize, write_scorecard
-from evaluation.runs.json_rows import read_rows
+from evaluation.runs.files import SCORECARD_FILES, refuse_links
+from evaluation.runs.json_rows import numbered_rows
 from evaluation.runs.record import read_record
 
 
@@ -74,9 +78,10 @@ def load_run(run_dir: Path, benchmarks: dict[str, Benchmark]) -> tuple[Benchmark
         raise EvaluationError(
             f"{record_path}: unknown protocol {protocol!r}; is {run_dir} a run folder of this project?"
         )
-    rows = read_rows(run_dir / "predictions.jsonl")
-    if not rows:
+    numbered = numbered_rows(run_dir / "predictions.jsonl")
+    if not numbered:
         raise EvaluationError(f"{run_dir}: no predictions yet")
+    rows = [row for _, row in numbered]
     try:
         scores_frame(benchmark, rows)
     except (KeyError, TypeError) as error:
@@ -86,7 +91,35 @@ def load_run(run_dir: Path, benchmarks: dict[str, Benchmark]) -> tuple[Benchmark
         ) from None
     except ValueError as error:
         raise EvaluationError(f"{run_dir}/predictions.jsonl: {error}") from None
+    check_grid(run_dir, benchmark, record, numbered)
     return benchmark, rows, record
+
+
+def asked_grid(record: dict) -> dict[str, set[str]]:
+    """The presses and budgets (their row keys) any session of a run asked for, where its run.json records them
+    (a token budget recorded as a number is its ``tokens=N`` key); the full cache's budget is always asked."""
+    configs = [record["config"], *(session.get("config") for session in record["sessions"])]
+    grid = {}
+    for field, setting in (("press", "presses"), ("budget", "budgets")):
+        asked = [value for config in configs if isinstance(config, dict) for value in config.get(setting) or []]
+        if asked:
+            keys = {value if isinstance(value, str) else Budget("tokens", value).key for value in asked}
+            grid[field] = keys | ({FULL_CACHE} if field == "budget" else set())
+    return grid
+
+
+def check_grid(run_dir: Path, benchmark: Benchmark, record: dict, numbered: list[tuple[int, dict]]) -> None:
+    """A row the scorecard would pool whose press or budget its run never asked for came from another grid (a file
+    edited or copied in): it is refused, never pooled."""
+    grid = asked_grid(record)
+    for number, row in numbered:
+        for field, asked in grid.items():
+            if benchmark.conditions(row) and row.get(field) not in asked:
+                raise EvaluationError(
+                    f"{run_dir / 'predictions.jsonl'}:{number}: {field} {row.get(field)!r} is not in the grid its "
+                    f"{run_dir / 'run.json'} asked for ({', '.join(sorted(asked))}): the row comes from another run; "
+                    "remove that line, or run that grid into its own folder"
+                )
 
 
 def write_combined(
@@ -108,7 +141,10 @@ def write_combined(
             f"{first['example']} is in two of them; give each example once"
         )
     if not (frame["press"] == reference).any():
-        raise EvaluationError(f"the reference press {reference!r} is in none of the runs")
+        raise EvaluationError(
+            f"--reference {reference!r} is a press of none of the runs: pass one of "
+            f"{', '.join(dict.fromkeys(frame['press']))}"
+        )
     order = {f"{b.name} {condition}": i for b, _ in runs for i, condition in enumerate(b.order)}
     frame["rank"] = frame["condition"].map(order).fillna(len(order))
     frame = frame.sort_values("rank", kind="stable").drop(columns="rank")
@@ -130,6 +166,7 @@ def write_combined(
 
 def command(args: argparse.Namespace) -> int:
     """``python -m evaluation scorecard``; ``args.benchmarks``: every protocol's, by name."""
+    refuse_links(args.output, SCORECARD_FILES)
     runs, partial = load_runs(args.runs, args.benchmarks)
     write_combined(args.output, runs, args.reference, args.resamples, args.seed, partial)
     print(f"scorecard: {args.output / 'scorecard.md'}")

@@ -25,6 +25,7 @@ from evaluation.reporting.intervals import (
     bootstrap,
     paired,
 )
+from evaluation.runs.files import SCORECARD_FILES, refuse_links, replaced, write_atomically
 
 VERDICT_COLORS = {"win": "#1b9e77", "tie": "#7f7f7f", "loss": "#d95f02"}
 MARKERS = "osD^vP*Xhp<>d8"
@@ -283,7 +284,9 @@ def write_scorecard(
     against the reference with wins / ties / losses), ``scorecard.png`` (absolute scores) and ``forest.png``. Every
     press and budget of ``summary`` is in each: ``presses`` and ``budgets`` (a run's asked grid) come first;
     ``contrasts`` (``contrast_table``), when it holds any, go to ``contrasts.csv`` and a section of their own;
-    ``appendix`` (markdown lines) closes the markdown."""
+    ``appendix`` (markdown lines) closes the markdown. Each file is written new and renamed into place; a link
+    where one belongs is refused before any is written (``evaluation.runs.files``)."""
+    refuse_links(output, SCORECARD_FILES)
     output.mkdir(parents=True, exist_ok=True)
     columns = ["condition", "budget", "press", "mean", "low", "high", "n", "failed"]
     columns += [
@@ -296,7 +299,8 @@ def write_scorecard(
         "full_diff_high",
         "full_verdict",
     ]
-    summary[columns].to_csv(output / "scorecard.csv", index=False)
+    with replaced(output / "scorecard.csv") as staging:
+        summary[columns].to_csv(staging, index=False)
     presses = list(dict.fromkeys([*(presses or []), *summary["press"]]))  # the asked ones first, then any stored
     budgets = [b for b in dict.fromkeys([*(budgets or []), *summary["budget"]]) if b != FULL_CACHE]
     table = summary.assign(text=summary.apply(cell_text, axis=1))
@@ -313,9 +317,10 @@ def write_scorecard(
     for prefix, against in baselines(reference):
         lines += comparison_section(summary, prefix, against)
     if contrasts is not None and not contrasts.empty:
-        contrasts.drop(columns="digits").to_csv(output / "contrasts.csv", index=False)
+        with replaced(output / "contrasts.csv") as staging:
+            contrasts.drop(columns="digits").to_csv(staging, index=False)
         lines += contrast_section(contrasts)
-    (output / "scorecard.md").write_text("\n".join(lines + (appendix or [])) + "\n")
+    write_atomically(output / "scorecard.md", "\n".join(lines + (appendix or [])) + "\n")
     plot_scores(output / "scorecard.png", summary, presses, budgets)
     plot_forest(output / "forest.png", summary, reference)
 
@@ -342,6 +347,14 @@ def comparison_section(summary: pd.DataFrame, prefix: str, against: str) -> list
         cells = [line["condition"], line["budget"], line["press"], difference, line["n"], line[f"{prefix}verdict"]]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return lines
+
+
+def save_figure(figure: Figure, path: Path, dpi: int | None = 110) -> Figure:
+    """``figure`` as the picture ``path`` (its format by the suffix), a new file renamed over it (``replaced``);
+    ``dpi`` None: the figure's own."""
+    with replaced(path) as staging:
+        figure.savefig(staging, dpi=dpi)
+    return figure
 
 
 def legend_handles(presses: list[str]) -> list[Line2D]:
@@ -393,8 +406,7 @@ def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: 
         for i, press in enumerate(compressed)
     ]
     figure.legend(handles=handles, loc="outside lower center", ncols=min(4, len(handles)), fontsize=7, frameon=False)
-    figure.savefig(path, dpi=110)
-    return figure
+    return save_figure(figure, path)
 
 
 def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
@@ -406,8 +418,7 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
     if compared.empty:  # still a picture, so that no earlier one is left standing
         figure = Figure(figsize=(5, 0.8), layout="constrained")
         figure.text(0.5, 0.5, "no win / tie / loss: every pair identical, without signal, or too few", ha="center")
-        figure.savefig(path, dpi=110)
-        return figure
+        return save_figure(figure, path)
     presses = list(dict.fromkeys(compared["press"]))
     groups = list(compared.groupby(["against", "digits"], sort=False))
     heights = [len(group.groupby(["condition", "budget"])) for _, group in groups]
@@ -449,5 +460,4 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
     figure.legend(
         handles=legend_handles(presses) + verdicts, loc="outside lower center", ncols=4, fontsize=7, frameon=False
     )
-    figure.savefig(path, dpi=110)
-    return figure
+    return save_figure(figure, path)

@@ -15,15 +15,33 @@ from pathlib import Path
 from evaluation.errors import EvaluationError
 
 UNREADABLE = "not a readable JSON file"
+TORN = (
+    "is cut short (the last line, with no line end): a write torn by an interrupted run; run the same command "
+    "that wrote the file again (a run repairs it and resumes), or delete that line"
+)
 AN_ARRAY = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*\[")
+
+
+def whole_lines(data: bytes) -> tuple[bytes, bytes]:
+    """``data`` cut after its last line end: its whole lines, and what follows them (the start of a torn write)."""
+    end = data.rfind(b"\n") + 1
+    return data[:end], data[end:]
 
 
 def json_lines(data: bytes, path: Path) -> Iterator[tuple[int, dict]]:
     """Each row of ``data``, JSON lines read from ``path``, with its line number: one object a line, blank lines
-    skipped; a line that is not UTF-8, not JSON or not an object is an error naming the file and the line."""
-    for number, raw in enumerate(data.splitlines(), start=1):
+    skipped; a line that is not UTF-8, not JSON or not an object is an error naming the file and the line, and a
+    last line without a line end that is not JSON is explained as the torn write it is."""
+    lines = data.splitlines()
+    torn = len(lines) if whole_lines(data)[1].strip() else None
+    for number, raw in enumerate(lines, start=1):
         if raw.strip():
-            row = parse_json(raw, path, number)
+            try:
+                row = parse_json(raw, path, number)
+            except EvaluationError:
+                if number != torn:
+                    raise
+                raise EvaluationError(f"{path}: line {number} {TORN}") from None
             if not isinstance(row, dict):
                 raise EvaluationError(f"{path}: line {number} is not a JSON object (a row)")
             yield number, row
@@ -44,8 +62,9 @@ def parse_json(raw: bytes, path: Path, first_line: int = 1) -> object:
         raise EvaluationError(f"{path}: {UNREADABLE} (line {line}, column {error.colno}: {error.msg})") from None
 
 
-def read_rows(path: Path) -> list[dict]:
-    """Every row of ``path`` in file order, as written: a JSON array of objects, or JSON lines (``json_lines``)."""
+def numbered_rows(path: Path) -> list[tuple[int, dict]]:
+    """Every row of ``path`` in file order, as written, with its line number (``json_lines``), or in a JSON array
+    of objects its item number."""
     if not path.is_file():
         raise EvaluationError(f"{path} not found")
     try:
@@ -53,12 +72,17 @@ def read_rows(path: Path) -> list[dict]:
     except OSError as error:
         raise EvaluationError(f"{path}: {UNREADABLE} ({error.strerror})") from error
     if not AN_ARRAY.match(data):
-        return [row for _, row in json_lines(data, path)]
+        return list(json_lines(data, path))
     rows = parse_json(data, path)
     for number, row in enumerate(rows, start=1):
         if not isinstance(row, dict):
             raise EvaluationError(f"{path}: item {number} of the array is not a JSON object (a row)")
-    return rows
+    return list(enumerate(rows, start=1))
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Every row of ``path`` in file order, as written (``numbered_rows``)."""
+    return [row for _, row in numbered_rows(path)]
 
 
 def load_json_rows(path: Path) -> list[dict]:

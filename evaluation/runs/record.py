@@ -10,9 +10,11 @@ import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError, first_line
+from evaluation.runs.files import RUN_FILES, append_only, refuse_links, write_atomically
 
 if TYPE_CHECKING:
     from evaluation.runs.backends import Outcome
@@ -55,10 +57,11 @@ def fingerprint(*paths: Path) -> dict[str, str]:
 
 class RunRecord:
     """Owns a run folder for one session: a lock that a crashed run does not leave held (the operating system
-    releases it with the process), and ``run.json``, written before the first cell and updated when the session
-    ends. A folder holding a run with other results-defining settings (or other data) is refused; ``defaults``
-    stand for settings an older run.json does not record; ``protocol`` names the protocol or streamed task;
-    ``pooled`` names the settings that runs pooled in one scorecard must share."""
+    releases it with the process; leaving the ``with`` block releases it too, an interrupted session's included),
+    and ``run.json``, written before the first cell and updated when the session ends. A folder holding a run with
+    other results-defining settings (or other data), or a link where one of its files belongs, is refused before
+    anything is touched; ``defaults`` stand for settings an older run.json does not record; ``protocol`` names the
+    protocol or streamed task; ``pooled`` names the settings that runs pooled in one scorecard must share."""
 
     def __init__(
         self,
@@ -70,9 +73,10 @@ class RunRecord:
         pooled: list[str] | None = None,
     ) -> None:
         self.path = output / "run.json"
+        refuse_links(output, RUN_FILES)
         try:
             output.mkdir(parents=True, exist_ok=True)
-            self.lock = (output / ".lock").open("a")
+            self.lock = append_only(output / ".lock")
         except OSError as error:
             raise EvaluationError(f"cannot write to {output} ({error.strerror}): pass another --output") from error
         try:
@@ -82,17 +86,26 @@ class RunRecord:
             raise EvaluationError(
                 f"another run is writing to {output} right now: wait for it to finish or pass another --output"
             ) from error
+        try:
+            self._start(output, config, defining, defaults or {}, protocol, pooled or [])
+        except BaseException:
+            self.lock.close()
+            raise
+
+    def _start(
+        self, output: Path, config: dict, defining: tuple[str, ...], defaults: dict, protocol: str, pooled: list[str]
+    ) -> None:
+        """This session's entry in run.json, written before the first cell, once the folder's run is this one."""
         self.record = read_record(self.path) if self.path.exists() else {"config": config, "sessions": []}
-        stored = {**(defaults or {}), **self.record["config"]}  # a setting recorded before it existed: its default
+        stored = {**defaults, **self.record["config"]}  # a setting recorded before it existed: its default
         changed = {key: (stored.get(key), config.get(key)) for key in defining}
         changed = {key: pair for key, pair in changed.items() if pair[0] != pair[1]}
         if changed:
-            self.lock.close()
             details = ", ".join(f"{key}: stored {old!r}, asked {new!r}" for key, (old, new) in changed.items())
             raise EvaluationError(f"{output} holds a run with other settings ({details}); pass another --output.")
         self.record["config"] = config
         self.record["protocol"] = protocol  # the scorecard's key to the run's benchmark
-        self.record["pooled_settings"] = pooled or []
+        self.record["pooled_settings"] = pooled
         self.started = time.time()
         self.session = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
@@ -104,14 +117,19 @@ class RunRecord:
         self.record["sessions"].append(self.session)
         self.write()
 
+    def __enter__(self) -> RunRecord:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.lock.close()
+
     def write(self) -> None:
-        staging = self.path.with_suffix(".json.tmp")
-        staging.write_text(json.dumps(self.record, indent=2) + "\n")
-        staging.replace(self.path)
+        write_atomically(self.path, json.dumps(self.record, indent=2) + "\n")
 
     def finish(self, outcome: Outcome, **extra: object) -> None:
-        """Complete this session's entry (units run, wall time, each unit's seconds, device...) and release the
-        folder."""
+        """Complete this session's entry (units run, wall time, each unit's seconds, device...)."""
         self.session.update(
             finished=True,
             wall_seconds=round(time.time() - self.started, 1),
@@ -121,7 +139,6 @@ class RunRecord:
         self.session.update(extra)
         self.record["total_wall_seconds"] = round(sum(s.get("wall_seconds", 0) for s in self.record["sessions"]), 1)
         self.write()
-        self.lock.close()
 
 
 def read_record(path: Path) -> dict:

@@ -1,7 +1,8 @@
 """Append-only, resumable results: one JSON line per finished cell, fsynced as it is written.
 
 A line cut short by a crash is dropped (and the file truncated back to its last complete line) on the next
-open, so an interrupted write never corrupts what later runs read; every complete line is kept.
+open, so an interrupted write never corrupts what later runs read; every complete line is kept. A link where the
+file belongs is refused before anything is read or cut (``evaluation.runs.files``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from evaluation.errors import EvaluationError
-from evaluation.runs.json_rows import json_lines
+from evaluation.runs.files import append_only, naming, refuse_link
+from evaluation.runs.json_rows import json_lines, whole_lines
 
 logger = logging.getLogger(__name__)
 
@@ -28,15 +30,15 @@ class ResultStore:
         self.path, self.key = path, key
         self.rows: list[dict] = []
         self.by_key: dict[Hashable, dict] = {}
+        refuse_link(path)
         if path.exists():
             self._load()
 
     def _load(self) -> None:
-        data = self.path.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        if len(complete) < len(data):
+        complete, torn = whole_lines(self.path.read_bytes())
+        if torn:
             logger.warning("%s: dropping an incomplete last line left by an interrupted run", self.path)
-            with self.path.open("r+b") as handle:
+            with naming(self.path), append_only(self.path) as handle:
                 handle.truncate(len(complete))
         try:
             rows = list(json_lines(complete, self.path))
@@ -64,8 +66,8 @@ class ResultStore:
         if key in self.by_key:
             raise ValueError(f"{self.path}: a result for {key} is already stored")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        with naming(self.path), append_only(self.path) as handle:
+            handle.write((json.dumps(row, ensure_ascii=False) + "\n").encode())
             handle.flush()
             os.fsync(handle.fileno())
         self.rows.append(row)
@@ -77,7 +79,7 @@ class MemoryStore(ResultStore):
     that the driver already has (so a resumed unit skips them exactly as a local run would)."""
 
     def __init__(self, key: Callable[[dict], Hashable], rows: list[dict]) -> None:
-        super().__init__(Path(os.devnull), key)
+        self.path, self.key = Path(os.devnull), key
         self.rows, self.by_key = list(rows), {key(row): row for row in rows}
         self.new_rows: list[dict] = []
 

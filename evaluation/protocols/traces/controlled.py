@@ -28,6 +28,8 @@ from matplotlib.figure import Figure
 
 from evaluation.protocols.traces.policies import LayerTrace, PressPolicy, StreamedPolicy
 from evaluation.protocols.traces.replay import replay
+from evaluation.reporting.scorecard import save_figure
+from evaluation.runs.files import write_atomically
 
 POLICIES = ("recency", "h2o", "predictor", "smoother", "belady")
 PRESSES = ("h2o", "smoother")
@@ -133,7 +135,7 @@ def run(folder: Path, seeds: int = 20) -> dict:
         "test_recall": {policy: recall(policy, setting, seeds) for policy in POLICIES},
         "figure_2": {"lengths": list(FIGURE_2_LENGTHS), **{policy: figure_2(policy, seeds) for policy in POLICIES}},
     }
-    (folder / "controlled.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_atomically(folder / "controlled.json", json.dumps(results, indent=2) + "\n")
     figure = Figure(figsize=(10, 4), dpi=100)
     left, right = figure.subplots(1, 2)
     left.bar(POLICIES, [results["test_recall"][p] for p in POLICIES], color="tab:blue")
@@ -150,5 +152,5 @@ def run(folder: Path, seeds: int = 20) -> dict:
     right.legend(fontsize=8)
     right.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(folder / "controlled.png")
+    save_figure(figure, folder / "controlled.png", dpi=None)
     return results

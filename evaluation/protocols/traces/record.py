@@ -20,6 +20,7 @@ from evaluation.errors import EvaluationError
 from evaluation.protocols.locomo.data import load_conversations
 from evaluation.protocols.locomo.render import render_conversation
 from evaluation.protocols.longbench.data import load_task
+from evaluation.runs.files import replaced
 from evaluation.runs.models import cache_root
 from presses.attention import attention_rows, group_mean
 from presses.prefix import forward_capturing
@@ -124,9 +125,8 @@ def load_or_record(
     token_ids = text_tokens(tokenizer, text, length, spec)
     trace = record(model, token_ids, name, per_kv_group)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
-    torch.save({"token_ids": trace.token_ids, "correct": trace.correct, "layers": trace.layers}, staging)
-    staging.replace(path)
+    with replaced(path) as staging:
+        torch.save({"token_ids": trace.token_ids, "correct": trace.correct, "layers": trace.layers}, staging)
     return trace
 
 

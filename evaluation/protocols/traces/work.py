@@ -32,7 +32,7 @@ from evaluation.protocols.traces.policies import (
 from evaluation.protocols.traces.protocol import BENCHMARK, METRICS, SUMMARY, TraceRow, Traces, TracesConfig
 from evaluation.protocols.traces.record import Trace, load_or_record, source_file, source_text, trace_name
 from evaluation.protocols.traces.replay import Replay, recent_share, replay
-from evaluation.reporting.scorecard import scores_frame, summarize
+from evaluation.reporting.scorecard import save_figure, scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
 from evaluation.runs.record import fingerprint
@@ -151,7 +151,7 @@ def plot_lag_sweep(path: Path, summary: pd.DataFrame, labels: list[str]) -> None
     )
     axes.legend(title="budget", fontsize=8)
     axes.grid(alpha=0.3)
-    figure.savefig(path)
+    save_figure(figure, path, dpi=None)
 
 
 def checked(config: TracesConfig) -> list[tuple[Policy, int]]:

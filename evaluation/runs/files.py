@@ -1,0 +1,97 @@
+"""How the harness writes a file: never through a link, so nothing it writes lands outside its folder.
+
+A file is written whole to a new file beside it and renamed over it (``replaced``, ``write_atomically``), or opened
+to append where the system refuses a link (``append_only``). A folder in which a link, or anything but a file,
+stands where one of the harness's files belongs is refused before anything in it is touched (``refuse_links``).
+An ``OSError`` of a write names the file it was writing (``naming``), a full disk included.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+from evaluation.errors import EvaluationError
+
+SCORECARD_FILES = ("scorecard.md", "scorecard.csv", "contrasts.csv", "*.png")
+RUN_FILES = (".lock", "predictions.jsonl", "*.json", *SCORECARD_FILES)
+
+
+def refuse_link(path: Path) -> None:
+    """A link, or anything but a file, where the harness writes ``path`` is an error that says what to do."""
+    if path.is_symlink():
+        raise EvaluationError(
+            f"{path} is a link (to {os.readlink(path)}): the harness writes its own files and never through a "
+            "link; remove the link, or pass another --output"
+        )
+    if path.exists() and not path.is_file():
+        raise EvaluationError(f"{path} is not a file: remove it, or pass another --output")
+
+
+def refuse_links(folder: Path, names: Iterable[str]) -> None:
+    """A file where the output ``folder`` belongs, or in it a link (or anything but a file) where a file named by
+    one of ``names`` (names or glob patterns) belongs, is an error; a folder yet to be made passes."""
+    if folder.exists() and not folder.is_dir():
+        raise EvaluationError(
+            f"cannot write to {folder}: it is a file, not a folder; pass a folder (new or existing) as --output"
+        )
+    if folder.is_dir():
+        patterns = list(names)
+        for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
+            if any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in patterns):
+                refuse_link(Path(entry.path))
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """Inside the block an ``OSError`` names ``path``: a write through a descriptor (a full disk) names no file,
+    and a new file written to replace ``path`` is not the one the user knows."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno is None or error.filename == str(path):
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error
+
+
+@contextmanager
+def replaced(path: Path) -> Iterator[Path]:
+    """A new file beside ``path`` for the block to write, synced and renamed over ``path`` when the block ends: a
+    link at ``path`` is replaced, never followed, and a block that fails leaves ``path`` as it was."""
+    staging = path.with_name(f".{path.stem}-{secrets.token_hex(6)}{path.suffix}")
+    with naming(path):
+        os.close(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        try:
+            yield staging
+            descriptor = os.open(staging, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            os.replace(staging, path)
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
+
+
+def write_atomically(path: Path, data: str | bytes) -> None:
+    """``data`` (text as UTF-8) as the whole of ``path``, through ``replaced``."""
+    with replaced(path) as staging:
+        staging.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def append_only(path: Path) -> BinaryIO:
+    """``path`` opened to append bytes, created if new; the system refuses a link there (``O_NOFOLLOW``)."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            refuse_link(path)
+        raise
+    return os.fdopen(descriptor, "ab")
