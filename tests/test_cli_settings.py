@@ -34,7 +34,7 @@ def test_press_specs_build_kvpress_and_our_presses_with_parameters_and_wrappers(
     assert type(adakv) is AdaKVPress and type(adakv.press) is SnapKVPress
     composed = make_press("composed([tova, rmm(lag=4)])")
     assert type(composed) is ComposedPress and [type(p) for p in composed.presses] == [TOVAPress, RMMPress]
-    assert make_press("presses.rmm_press:RMMPress(lag=3)") == RMMPress(lag=3)
+    assert make_press("presses.rmm_press:RMMPress(lag=3)", allow_import=True) == RMMPress(lag=3)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_press_specs_build_kvpress_and_our_presses_with_parameters_and_wrappers(
 )
 def test_a_bad_spec_is_a_one_line_error_that_lists_what_exists(spec, message):
     with pytest.raises(EvaluationError, match=None) as error:
-        make_press(spec)
+        make_press(spec, allow_import=True)
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
@@ -103,10 +103,10 @@ def test_a_config_file_sits_between_the_defaults_and_the_command_line(model_dir,
 def test_a_dry_run_loads_no_model(data_dir, tmp_path, capsys):  # noqa: F811
     argv = ["longbench", "--model", str(tmp_path / "absent"), "--data", str(data_dir), "--tasks", "hotpotqa", "trec"]
     own = "tests.helpers:OwnPrefillKnorm"
-    assert main([*argv, "--presses", "full", "h2o", "knorm", own, "--n", "3", "--dry-run"]) == 0
+    assert main([*argv, "--presses", "full", "h2o", "knorm", own, "--n", "3", "--dry-run", "--allow-import"]) == 0
     out = capsys.readouterr().out
     assert "6 examples (hotpotqa, trec) x 7 cells = 42 cells" in out
-    assert "knorm @ keep 50%\n" in out and f"{own} @ keep 50% (per-cell path)" in out
+    assert "knorm @ keep 50%\n" in out and f"{own} @ keep 50% (a real run imports {own} and checks it" in out
     assert "prefills: 18 (6 shared by 5 cells each, 12 per cell)" in out
     assert not (tmp_path / "results").exists()
 

@@ -113,8 +113,9 @@ def stream(model) -> list[str]:
         output=None,
         max_new_tokens=4,
         settings=LocomoSettings(conversations=None, placement="evidence", history="gold", data=None),
+        allow_import=True,
     )
-    cells = press_cells(resolve_presses(config.presses), config.budgets, "")
+    cells = press_cells(resolve_presses(config.presses, config.allow_import), config.budgets, "")
     store = MemoryStore(row_key, [])
     run = ConversationRun(config, LOCOMO, model, tokenizer, cells)
     run.run(parse_conversation(CONVERSATION), store, type("Bar", (), {"update": lambda self: None})())

@@ -261,7 +261,7 @@ def test_missing_or_malformed_data_file(model_dir, tmp_path, capsys):
     incomplete = tmp_path / "incomplete.json"
     incomplete.write_text(json.dumps([{"sample_id": "x", "qa": []}]))
     assert locomo(model_dir, incomplete, tmp_path / "out") == 2
-    assert f"{incomplete}: conversation 0 is malformed (KeyError" in capsys.readouterr().err
+    assert f"{incomplete}: conversation 0: x: conversation must be an object, not null" in capsys.readouterr().err
 
 
 def test_a_run_recorded_before_streamed_tasks_existed_resumes(model_dir, data_file, tmp_path):
@@ -282,6 +282,7 @@ def test_any_kvpress_press_streams_and_one_on_its_own_prefill_re_prefills_each_q
     own = "tests.helpers:OwnPrefillKnorm"
     decoding = "decoding(knorm,compression_interval=2)"
     presses = ("--presses", "knorm", own, "adakv(snapkv(window_size=4))", "pyramidkv(window_size=4)", decoding)
+    presses += ("--allow-import",)
     assert locomo(model_dir, data_file, output, *presses) == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     assert {r["press"]: r["path"] for r in rows} == {

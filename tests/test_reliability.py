@@ -107,8 +107,8 @@ def test_bad_locomo_numbers_are_refused_when_parsed(tmp_path, capsys, flag, valu
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"hotpotqa": 0, "trec": 4}, "answer length in"),
-        ({"hotpotqa": "abc", "trec": 4}, "must be a whole number of tokens >= 1, got 'abc'"),
+        ({"hotpotqa": 0, "trec": 4}, "dataset2maxlen.json: the hotpotqa answer length must be a whole number"),
+        ({"hotpotqa": "abc", "trec": 4}, "must be a whole number of tokens >= 1, not a string ('abc')"),
     ],
 )
 def test_bad_answer_lengths_in_the_config_are_refused(model_dir, data_dir, tmp_path, capsys, config, message):  # noqa: F811

@@ -60,7 +60,7 @@ def test_the_grid_on_both_paths_agrees_and_records_the_path_each_press_took(
     """KNorm runs its own hook on the shared prefill; a press that replaces KVPress's context manager (it may run
     forward passes of its own) falls back to the per-cell path on its own."""
     shared_run, per_cell_run = tmp_path / "shared", tmp_path / "per-cell"
-    presses = ("--presses", "full", "snapkv", "h2o", "tova", "rmm", "knorm", OWN_PREFILL)
+    presses = ("--presses", "full", "snapkv", "h2o", "tova", "rmm", "knorm", OWN_PREFILL, "--allow-import")
     assert longbench(model_dir, data_dir, shared_run, *presses) == 0
     assert longbench(model_dir, data_dir, per_cell_run, *presses, "--path", "per-cell") == 0
     shared, per_cell = read_rows(shared_run), read_rows(per_cell_run)

@@ -48,7 +48,7 @@ import kvpress as k
 from kvpress.presses.base_press import BasePress
 
 import presses
-from evaluation.catalogue.specs import COMPOSITES, FULL_CACHE, NO_PRESS
+from evaluation.catalogue.specs import COMPOSITES, FULL_CACHE, NO_PRESS, is_import_path
 from evaluation.errors import EvaluationError, first_line
 from presses.column_sums import H2O_SUMS, ColumnSums
 from presses.wrapped import every_press
@@ -109,15 +109,23 @@ def known_names() -> str:
     return ", ".join(sorted({*PRESS_CLASSES, *COMPOSITES}))
 
 
-def press_class(name: str, spec: str) -> type:
-    """The class a press name or import path of ``spec`` names, checked to be a press; an import path is imported
-    here."""
-    if ":" not in name:
+def press_class(name: str, spec: str, allow_import: bool = False) -> type:
+    """The class a press name or import path of ``spec`` names, checked to be a press. An import path is imported
+    here, and only when ``allow_import`` (the command line's ``--allow-import``): importing runs the module.
+
+    Raises
+    ------
+    EvaluationError
+        One line, for an unknown name, an import path not allowed or not importable, or a class that is not a press.
+    """
+    if not is_import_path(name):
         if name in (FULL_CACHE, NO_PRESS):
             raise EvaluationError(f"press spec {spec!r}: {name} is the uncompressed cache, a spec on its own")
         if name not in PRESS_CLASSES:
             raise EvaluationError(f"press spec {spec!r}: unknown press {name!r}; known: {known_names()}")
         return PRESS_CLASSES[name]
+    if not allow_import:
+        raise import_refusal(spec, name)
     module, _, attribute = name.partition(":")
     try:
         found = getattr(importlib.import_module(module), attribute)
@@ -128,6 +136,14 @@ def press_class(name: str, spec: str) -> type:
             f"press spec {spec!r}: {name} is not a press (a subclass of KVPress's BasePress); a spec names presses only"
         )
     return found
+
+
+def import_refusal(spec: str, path: str) -> EvaluationError:
+    """The error for an import path the user has not allowed to be imported."""
+    return EvaluationError(
+        f"press spec {spec!r} names the import path {path}, which imports (runs) the module "
+        f"{path.partition(':')[0]}: pass --allow-import to allow it, or name a press by its name (such as snapkv)"
+    )
 
 
 SHARED, OWN_PREFILL, DECODING, REFUSED = "shared", "own-prefill", "decoding", "refused"

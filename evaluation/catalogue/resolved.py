@@ -1,33 +1,38 @@
 """A press spec resolved once, at the start of a run: its name, how to build its press for a cell, and what the
 press declares of itself, so that nothing after the start parses a spec or builds a press to ask it a question.
 
-``resolve_presses`` checks a run's specs before any work: each is parsed, its names looked up, its press built
-once (at a compression ratio of 0.5, as a cell sets it) and its declarations read; a press these protocols cannot
-run is refused. ``resolve_press`` is also the lookup by label: it resolves each spec once per process.
+``resolve_presses`` checks a run's specs before any work: each is parsed, its names looked up, its values checked
+against the types its classes declare (``evaluation.catalogue.parameters``), its press built once (at a
+compression ratio of 0.5, as a cell sets it, so that whatever the press's own constructor or check refuses is
+reported here) and its declarations read; a press these protocols cannot run is refused. An import path
+(``package.module:Press``) is imported only when the run allows it (``--allow-import``); a dry run imports none:
+it checks the rest of the spec and says what a real run would import. ``resolve_press`` is the lookup by label:
+each spec is resolved once per process, and the lookups after a run's start find its presses.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Iterable
-from dataclasses import dataclass, fields, is_dataclass
-from functools import cache
+from dataclasses import dataclass
 
 from kvpress.presses.base_press import BasePress
 
 from evaluation.catalogue.needs import NOTHING, Needs, Protected, budget_refusal, needs, protected
+from evaluation.catalogue.parameters import Pending, check_arguments
 from evaluation.catalogue.registry import (
+    ALL,
     DECODING,
     OWN_PREFILL,
     REFUSED,
     SHARED,
     commit_lag,
     compresses_while_decoding,
+    import_refusal,
     press_class,
     set_ratio,
 )
-from evaluation.catalogue.specs import FULL_CACHE, PressCall, canonical, plan_spec
+from evaluation.catalogue.specs import FULL_CACHE, PressCall, canonical, import_paths, is_import_path, plan_spec
 from evaluation.errors import EvaluationError, first_line
 
 CHECKED_RATIO = 0.5  # the compression ratio a spec's press is built at when it is resolved
@@ -73,24 +78,30 @@ def _built(value: object, label: str) -> object:
     return copy.deepcopy(value)  # a literal: no press shares a dict with another
 
 
-def _blueprint(value: object, spec: str) -> object:
-    """A value of a spec with its press calls resolved: each class looked up (an import path imported), its
-    parameters checked against its constructor."""
+def _blueprint(value: object, spec: str, allow_import: bool, dry_run: bool) -> object:
+    """A value of a spec with its press calls resolved: each class looked up (an import path imported where
+    allowed, or ``Pending`` in a dry run), its arguments checked against the parameters it declares."""
     if isinstance(value, (list, tuple)):
-        return type(value)(_blueprint(item, spec) for item in value)
+        return type(value)(_blueprint(item, spec, allow_import, dry_run) for item in value)
     if not isinstance(value, PressCall):
         return value
-    cls = press_class(value.name, spec)
-    parameters = (
-        [f.name for f in fields(cls) if f.init] if is_dataclass(cls) else list(inspect.signature(cls).parameters)
-    )
-    unknown = [name for name in value.kwargs if name not in parameters]
-    if unknown:
-        raise EvaluationError(
-            f"press spec {spec!r}: {cls.__name__} has no parameter {', '.join(unknown)}; "
-            f"its parameters: {', '.join(parameters) or 'none'}"
-        )
-    return Blueprint(cls, _blueprint(value.args, spec), {name: _blueprint(v, spec) for name, v in value.kwargs.items()})
+    pending = dry_run and allow_import and is_import_path(value.name)
+    cls = None if pending else press_class(value.name, spec, allow_import)
+    args = _blueprint(value.args, spec, allow_import, dry_run)
+    kwargs = {name: _blueprint(item, spec, allow_import, dry_run) for name, item in value.kwargs.items()}
+    if cls is None:
+        return Pending(value.name)
+    check_arguments(cls, _as_checked(args), {name: _as_checked(item) for name, item in kwargs.items()}, spec)
+    return Blueprint(cls, args, kwargs)
+
+
+def _as_checked(value: object) -> object:
+    """A resolved value as ``check_arguments`` reads it: each press by its class."""
+    if isinstance(value, Blueprint):
+        return value.cls
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_checked(item) for item in value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,9 @@ class ResolvedPress:
     """A press spec, resolved: its ``label`` (the canonical spec, its name in every row and table), the
     ``blueprint`` its presses are built from (None for the full cache) and what its press declares: what it reads
     of a prefill and its path (``needs``), whether it compresses while the answer is generated (``decodes``), the
-    newest positions it never evicts (``protected``) and the commit lag of the ``RMMPress`` it holds."""
+    newest positions it never evicts (``protected``) and the commit lag of the ``RMMPress`` it holds; the import
+    paths its spec names (``imports``), and whether it is a dry run's (``dry``: its import paths not imported, no
+    press built, its needs unknown and read as a press on its own prefill)."""
 
     label: str
     blueprint: Blueprint | None
@@ -106,6 +119,8 @@ class ResolvedPress:
     decodes: bool = False
     protected: tuple[Protected, ...] = ()
     commit_lag: int | None = None
+    imports: tuple[str, ...] = ()
+    dry: bool = False
 
     def build(self, compression_ratio: float | None = None, length: int | None = None) -> BasePress | None:
         """A fresh press (``Blueprint.build``); None for the full cache.
@@ -113,8 +128,10 @@ class ResolvedPress:
         Raises
         ------
         EvaluationError
-            One line, for a press that refuses its parameters or the ratio.
+            One line, for a press that refuses its parameters or the ratio, or a dry run's (nothing imported).
         """
+        if self.dry:
+            raise EvaluationError(f"press spec {self.label!r}: a dry run imports nothing, so it builds no press")
         return None if self.blueprint is None else self.blueprint.build(self.label, compression_ratio, length)
 
     @property
@@ -129,6 +146,8 @@ class ResolvedPress:
 
     def describe(self) -> str:
         """How the engine serves it, in words, as run.json records it."""
+        if self.dry:
+            return f"a real run imports {', '.join(self.imports)} and checks it; a dry run imports nothing"
         return "the full cache" if self.blueprint is None else DESCRIPTIONS[self.needs.path]
 
     def budget_refusal(self, kept: int) -> str:
@@ -136,9 +155,40 @@ class ResolvedPress:
         return budget_refusal(self.protected, kept)
 
 
-@cache
+UNKNOWN = Needs(OWN_PREFILL, ALL)  # a press no dry run imports: read as one that may run anything
+_RESOLVED: dict[str, ResolvedPress] = {}  # each label's resolved press, once per process
+
+
+def _resolve(spec: str, label: str, allow_import: bool, dry_run: bool) -> ResolvedPress:
+    if label == FULL_CACHE:
+        return ResolvedPress(label, None, NOTHING)
+    call = plan_spec(spec)
+    plan = _blueprint(call, spec, allow_import, dry_run)
+    paths = import_paths(call)
+    if dry_run and paths:
+        return ResolvedPress(label, None, UNKNOWN, imports=paths, dry=True)
+    press = plan.build(spec, CHECKED_RATIO)
+    return ResolvedPress(
+        label, plan, needs(press), compresses_while_decoding(press), protected(press), commit_lag(press), paths
+    )
+
+
+def _resolved(spec: str, allow_import: bool, dry_run: bool) -> ResolvedPress:
+    """The press ``spec`` names, resolved on first use in this process; a spec that names an import path is resolved
+    again when a dry run follows a real one or the other way round (a dry run's is never imported nor built), and
+    refused unless ``allow_import``, resolved before or not."""
+    label = canonical(spec)
+    press = _RESOLVED.get(label)
+    if press is None or press.dry != (dry_run and bool(press.imports)):
+        press = _RESOLVED[label] = _resolve(spec, label, allow_import, dry_run)
+    elif press.imports and not allow_import:
+        raise import_refusal(spec, press.imports[0])
+    return press
+
+
 def resolve_press(spec: str) -> ResolvedPress:
-    """The press ``spec`` names, resolved once per process (a label looks up its resolved press here).
+    """The press ``spec`` names, by label: resolved once per process, so that the lookups after a run's start find
+    the presses ``resolve_presses`` resolved (a spec naming an import path is resolved there only).
 
     Raises
     ------
@@ -146,32 +196,31 @@ def resolve_press(spec: str) -> ResolvedPress:
         One line, for any spec that is not a press, or whose press refuses its parameters or a ratio.
     """
     label = canonical(spec)
-    if label == FULL_CACHE:
-        return ResolvedPress(label, None, NOTHING)
-    plan = _blueprint(plan_spec(spec), spec)
-    press = plan.build(spec, CHECKED_RATIO)
-    decodes = compresses_while_decoding(press)
-    return ResolvedPress(label, plan, needs(press), decodes, protected(press), commit_lag(press))
+    return _RESOLVED[label] if label in _RESOLVED else _resolved(spec, allow_import=False, dry_run=False)
 
 
-def resolve_presses(specs: Iterable[str]) -> list[ResolvedPress]:
+def resolve_presses(specs: Iterable[str], allow_import: bool = False, dry_run: bool = False) -> list[ResolvedPress]:
     """A run's presses, each spec resolved and checked before any work, so that a mistake is reported before the
-    model loads.
+    model loads; ``allow_import`` allows its import paths (``--allow-import``), which a ``dry_run`` names without
+    importing them.
 
     Raises
     ------
     EvaluationError
-        One line, for a spec that is not a press, or a press these protocols cannot run.
+        One line, for a spec that is not a press, an import path not allowed, or a press these protocols cannot run.
     """
     resolved = []
     for spec in specs:
-        press = resolve_press(spec)
+        press = _resolved(spec, allow_import, dry_run)
         if press.needs.path == REFUSED:
             raise EvaluationError(f"press spec {press.label!r}: {press.needs.refusal}")
         resolved.append(press)
     return resolved
 
 
-def make_press(spec: str, compression_ratio: float | None = None, length: int | None = None) -> BasePress | None:
-    """A fresh press of ``spec`` (``ResolvedPress.build``): for a caller that holds a spec, not a run's presses."""
-    return resolve_press(spec).build(compression_ratio, length)
+def make_press(
+    spec: str, compression_ratio: float | None = None, length: int | None = None, allow_import: bool = False
+) -> BasePress | None:
+    """A fresh press of ``spec`` (``ResolvedPress.build``): for a caller that holds a spec, not a run's presses;
+    ``allow_import`` allows its import paths."""
+    return _resolved(spec, allow_import, dry_run=False).build(compression_ratio, length)

@@ -7,25 +7,28 @@ A spec is a call expression whose values are Python literals or other specs:
   ``evaluation.catalogue.registry``, with how they follow KVPress's;
 - a name with constructor parameters: ``rmm(lag=64, correctness="uniform")``, ``snapkv(window_size=32)``;
 - a KVPress wrapper around specs: ``adakv(snapkv)``, ``key_rerotation(tova)``, ``composed([snapkv, knorm])``;
-- a press of your own by import path: ``my_pkg.presses:MyPress(alpha=0.3)``.
+- a press of your own by import path: ``my_pkg.presses:MyPress(alpha=0.3)``, imported only when the run allows it
+  (``--allow-import``: importing runs the module), and never by a dry run.
 
 A spec runs no code but a press's constructor. It is checked whole here (``plan_spec``) before anything is
-imported: a value is a literal (``1``, ``0.5``, ``"text"``, ``None``, a list, tuple or dict of them) or a list or
-tuple of specs; names, attributes, operators, ``*``, ``**``, lambdas and comprehensions are refused, and specs nest
-at most ``MAX_DEPTH`` deep. Only then are its names looked up and its presses built
+imported: a value is a literal (``1``, ``0.5``, ``"text"``, ``None``, a list, tuple or dict of them, every number
+finite) or a list or tuple of specs; each keyword is given once; names, attributes, operators, ``*``, ``**``,
+lambdas and comprehensions are refused, and specs nest at most ``MAX_DEPTH`` deep. Only then are its names looked
+up, its values checked against the types its classes declare and its presses built
 (``evaluation.catalogue.resolved``). Each mistake is a one-line ``EvaluationError``.
 
 ``COMPOSITES`` names each of KVPress's registry constructions that is not one class, written as a spec
 (``expected_attention`` is ``adakv(ExpectedAttentionPress(epsilon=1e-2))``, as in KVPress's registry). It takes no
 parameters: write its spec with them.
 
-``full`` (or KVPress's ``no_press``) is the uncompressed cache. The spec, without spaces, is the press's name in
-every row, table and scorecard (``canonical``).
+``full`` (or KVPress's ``no_press``) is the uncompressed cache. The spec, without whitespace outside its string
+literals (a string stays as written), is the press's name in every row, table and scorecard (``canonical``).
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import re
 from dataclasses import dataclass
 
@@ -72,12 +75,11 @@ COMPOSITES = {
 DEFAULT_PRESSES = (FULL_CACHE, "snapkv", "h2o", "streaming_llm", "tova", "rmm")
 MAX_DEPTH = 8  # presses, lists and tuples nested in one another
 MAX_LENGTH = 1000  # characters
+STRING = r"""'''.*?'''|\"\"\".*?\"\"\"|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*\""""  # a string literal
+STRINGS = re.compile(f"({STRING})", re.DOTALL)
 # a string literal (kept as it is), or an import path ``package.module:Name``
-TOKENS = re.compile(
-    r"""('''.*?'''|\"\"\".*?\"\"\"|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")"""
-    r"|(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*)",
-    re.DOTALL,
-)
+TOKENS = re.compile(rf"({STRING})|(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*)", re.DOTALL)
+LITERALS = (bool, int, float, str, type(None))  # and lists, tuples and dicts of them
 
 
 @dataclass(frozen=True)
@@ -91,14 +93,17 @@ class PressCall:
 
 @dataclass(frozen=True)
 class Rules:
-    """What a spec's nodes are checked against: the spec (for messages) and its import paths' placeholders."""
+    """What a spec's nodes are checked against: the spec (for messages), the source parsed (the spec with its
+    import paths replaced by placeholders, or a composite's spec) and the placeholders' import paths."""
 
     spec: str
+    source: str
     imports: dict[str, str]
 
     def text(self, node: ast.AST) -> str:
         """The node as the user wrote it."""
-        return re.sub(r"_import_path_\d+", lambda match: self.imports[match.group()], ast.unparse(node))
+        written = ast.get_source_segment(self.source, node) or ast.unparse(node)
+        return re.sub(r"_import_path_\d+", lambda match: self.imports[match.group()], written)
 
     def error(self, message: str) -> EvaluationError:
         return EvaluationError(f"press spec {self.spec!r}: {message}")
@@ -126,13 +131,14 @@ def plan_spec(spec: str) -> PressCall:
         imports[f"_import_path_{len(imports)}"] = match.group(2)
         return f"_import_path_{len(imports) - 1}"
 
+    source = TOKENS.sub(placeholder, spec.strip())
     try:
-        tree = ast.parse(TOKENS.sub(placeholder, spec.strip()), mode="eval").body
+        tree = ast.parse(source, mode="eval").body
     except SyntaxError as error:
         raise EvaluationError(
             f"press spec {spec!r} is not a call expression such as rmm(lag=64): {error.msg}"
         ) from error
-    return _plan(tree, Rules(spec, imports), 1)
+    return _plan(tree, Rules(spec, source, imports), 1)
 
 
 def _plan(node: ast.expr, rules: Rules, depth: int) -> PressCall:
@@ -155,10 +161,16 @@ def _plan(node: ast.expr, rules: Rules, depth: int) -> PressCall:
             raise rules.error(
                 f"{name} is KVPress's {COMPOSITES[name]} and takes no parameters; write that spec with them"
             )
-        return _plan(ast.parse(COMPOSITES[name], mode="eval").body, Rules(rules.spec, {}), depth)
+        return _plan(ast.parse(COMPOSITES[name], mode="eval").body, Rules(rules.spec, COMPOSITES[name], {}), depth)
+    given: set[str] = set()
     for keyword in keywords:
         if keyword.arg is None:
             raise rules.error(f"'**{rules.text(keyword.value)}' is not allowed; write each parameter as name=value")
+        if keyword.arg in rules.imports:
+            raise rules.error(f"{rules.imports[keyword.arg]!r} is not a parameter name; write name=value")
+        if keyword.arg in given:
+            raise rules.error(f"{name} is given {keyword.arg} twice; give each parameter once")
+        given.add(keyword.arg)
     return PressCall(
         name,
         tuple(_value(arg, rules, depth + 1) for arg in args),
@@ -178,15 +190,50 @@ def _value(node: ast.expr, rules: Rules, depth: int) -> object:
         items = [_value(item, rules, depth + 1) for item in node.elts]
         return items if isinstance(node, ast.List) else tuple(items)
     try:
-        return ast.literal_eval(node)
+        value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, RecursionError) as error:
         raise rules.error(
             f"{rules.text(node)!r} is not a literal value: write a number, string, True, False, None, a list, "
             "tuple or dict of them, or a press"
         ) from error
+    problem = _literal_problem(value)
+    if problem:
+        raise rules.error(f"{rules.text(node)!r} {problem}")
+    return value
+
+
+def _literal_problem(value: object) -> str:
+    """Why a literal is not a value a spec may give ("" when it is): a number not finite, or a kind of literal no
+    press takes (bytes, a complex number, a set, ``...``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "is not a finite number; write one that is"
+    if isinstance(value, (list, tuple, dict)):
+        items = [*value, *value.values()] if isinstance(value, dict) else value
+        problem = next(filter(None, map(_literal_problem, items)), "")
+        return f"holds a value that {problem}" if problem else ""
+    if not isinstance(value, LITERALS):
+        return "is not a literal value: write a number, string, True, False, None, a list, tuple or dict of them"
+    return ""
+
+
+def is_import_path(name: str) -> bool:
+    """Whether a press name of a spec is an import path (``package.module:Press``)."""
+    return ":" in name
+
+
+def import_paths(value: object) -> tuple[str, ...]:
+    """The import paths a planned spec (``plan_spec``) names, each once, in the order written."""
+    if isinstance(value, (list, tuple)):
+        return tuple(dict.fromkeys(path for item in value for path in import_paths(item)))
+    if not isinstance(value, PressCall):
+        return ()
+    own = (value.name,) if is_import_path(value.name) else ()
+    return tuple(dict.fromkeys([*own, *import_paths(value.args), *import_paths(list(value.kwargs.values()))]))
 
 
 def canonical(spec: str) -> str:
-    """The name of a spec in rows and tables: the spec without whitespace (``no_press`` is ``full``)."""
-    name = re.sub(r"\s+", "", spec)
+    """The name of a spec in rows and tables: the spec without whitespace outside its string literals (``no_press``
+    is ``full``)."""
+    parts = STRINGS.split(spec)
+    name = "".join(part if index % 2 else re.sub(r"\s+", "", part) for index, part in enumerate(parts))
     return FULL_CACHE if name == NO_PRESS else name

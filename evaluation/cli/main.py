@@ -64,6 +64,9 @@ def add_protocol(subparsers: argparse._SubParsersAction, protocol: Protocol) -> 
             help=f"press specs (default {' '.join(presses)}): a name, name(param=value, ...), a wrapper "
             "such as adakv(snapkv), or package.module:Class(...); see evaluation/catalogue/specs.py",
         )
+        parser.add_argument(
+            "--allow-import", action="store_true", help="let press specs import package.module:Class (runs the module)"
+        )
     parser.add_argument("--output", type=Path, help=f"run folder (default results/{protocol.name}/<model>)")
     parser.add_argument("--dry-run", action="store_true", help="print the grid and its work, load no model")
     parser.add_argument("--backend", choices=["local", "ray"], default="local", help="local (default) or ray")

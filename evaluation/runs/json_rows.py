@@ -94,3 +94,25 @@ def load_json_rows(path: Path) -> list[dict]:
         raise EvaluationError(f"{path} holds no rows: point the run at a file with examples")
     columns = dict.fromkeys(key for row in rows for key in row)
     return [{key: row.get(key) for key in columns} for row in rows]
+
+
+def json_kind(value: object) -> str:
+    """A JSON value's kind in words, for a message that says what a field holds instead of what it should."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"a string ({value!r})" if len(value) <= 40 else "a string"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def text_list_kind(value: object) -> str:
+    """What a JSON value that should be a list of strings is instead, in words ("" when it is one): a list by its
+    first item that is not a string."""
+    if not isinstance(value, list):
+        return json_kind(value)
+    wrong = [item for item in value if not isinstance(item, str)]
+    return f"a list holding {json_kind(wrong[0])}" if wrong else ""

@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label, ratio_for
 from evaluation.catalogue.registry import question_position
-from evaluation.catalogue.resolved import resolve_press
+from evaluation.catalogue.resolved import resolve_press, resolve_presses
 from evaluation.engine.decoding import decode_batch, eos_ids, generate
 from evaluation.engine.history import History
 from evaluation.errors import PressCannotRun
@@ -214,6 +214,7 @@ def run_example(
     cells: list[tuple[str, Budget | None]],
 ) -> None:
     """One unit: the missing cells of one example, on the shared path where the press allows it."""
+    resolve_presses(config.presses, config.allow_import)  # once per process: a Ray worker's own resolution
     model, tokenizer = loaded
     example: Example = unit.payload
     todo = [cell for cell in cells if cell_key((example, *cell)) not in store]

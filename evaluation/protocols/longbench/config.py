@@ -24,3 +24,4 @@ class LongBenchConfig:
     output: Path
     max_length: int | None = field(default=None, metadata=DEFINING)
     path: str = "shared"
+    allow_import: bool = False  # import the press specs' import paths (--allow-import)

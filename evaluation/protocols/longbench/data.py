@@ -10,10 +10,11 @@ import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from string import Formatter
 
 from evaluation.errors import EvaluationError
 from evaluation.metrics.longbench import TASK_METRICS
-from evaluation.runs.json_rows import load_json_rows, parse_json
+from evaluation.runs.json_rows import json_kind, load_json_rows, parse_json, text_list_kind
 from evaluation.runs.models import cache_root
 
 HUB_DATASET = "THUDM/LongBench"
@@ -21,6 +22,7 @@ PARQUET_REVISION = "refs/convert/parquet"
 CONFIG_URL = "https://raw.githubusercontent.com/THUDM/LongBench/main/LongBench/config/{}"
 CONFIG_FILES = ("dataset2prompt.json", "dataset2maxlen.json")
 FIELDS = ("input", "context", "answers", "all_classes", "_id")
+PROMPT_FIELDS = ("context", "input")  # the named fields a prompt template may hold
 LAYOUT = "a folder holding <task>.jsonl and config/dataset2prompt.json, config/dataset2maxlen.json"
 
 
@@ -111,52 +113,87 @@ def write_atomically(path: Path, content: bytes) -> None:
 
 
 def read_config(path: Path) -> dict:
-    return parse_json(path.read_bytes(), path)
+    """A config file's object of task names to values."""
+    values = parse_json(path.read_bytes(), path)
+    if not isinstance(values, dict):
+        raise EvaluationError(f"{path}: an object of task names to values, not {json_kind(values)}")
+    return values
 
 
 def load_configs(data_dir: Path, tasks: list[str]) -> dict[str, TaskConfig]:
-    prompts = read_config(data_dir / "config" / CONFIG_FILES[0])
-    max_lengths = read_config(data_dir / "config" / CONFIG_FILES[1])
+    """The prompt template and answer length of each of ``tasks``; every entry of both files is checked."""
+    prompts_path, lengths_path = (data_dir / "config" / name for name in CONFIG_FILES)
+    prompts, max_lengths = read_config(prompts_path), read_config(lengths_path)
     missing = [task for task in tasks if task not in prompts or task not in max_lengths]
     if missing:
         raise EvaluationError(f"{data_dir / 'config'} has no prompt or max length for {missing}")
-    for task in tasks:
-        template, length = prompts[task], max_lengths[task]
-        if not isinstance(template, str) or template.count("{context}") != 1:
-            raise EvaluationError(f"the {task} prompt template must be a string with {{context}} exactly once")
-        try:
-            template.format(context="", input="")
-        except (KeyError, IndexError, ValueError) as error:
-            raise EvaluationError(
-                f"the {task} prompt template has a field other than {{context}} and {{input}} ({error}): "
-                f"fix {data_dir / 'config' / CONFIG_FILES[0]}"
-            ) from error
+    for task, template in prompts.items():
+        problem = template_problem(template)
+        if problem:
+            raise EvaluationError(f"{prompts_path}: the {task} prompt template {problem}")
+    for task, length in max_lengths.items():
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise EvaluationError(
-                f"the {task} answer length in {data_dir / 'config' / CONFIG_FILES[1]} must be a whole number of "
-                f"tokens >= 1, got {length!r}"
+                f"{lengths_path}: the {task} answer length must be a whole number of tokens >= 1, not "
+                f"{json_kind(length)}"
             )
     return {task: TaskConfig(prompts[task], max_lengths[task]) for task in tasks}
 
 
+def template_problem(template: object) -> str:
+    """Why a prompt template is not one ("" when it is): a string with ``{context}`` once and ``{input}`` at most,
+    each a plain named field (no attribute, index, conversion or format: ``{context.__class__}``, ``{0}``)."""
+    if not isinstance(template, str):
+        return f"must be a string, not {json_kind(template)}"
+    try:
+        fields = [
+            (name, spec, conversion) for _, name, spec, conversion in Formatter().parse(template) if name is not None
+        ]
+    except ValueError as error:
+        return f"is not a format string ({error}): write {{{{ and }}}} for a literal brace"
+    for name, spec, conversion in fields:
+        if name not in PROMPT_FIELDS or spec or conversion:
+            written = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            return f"has a field other than {{context}} and {{input}} ({written}): use those plain named fields only"
+    if [name for name, _, _ in fields].count("context") != 1:
+        return "must hold {context} exactly once"
+    return ""
+
+
 def load_task(data_dir: Path, task: str, n: int | None = None) -> list[Example]:
-    """The first ``n`` examples of a task in file order (all when ``n`` is None)."""
+    """The first ``n`` examples of a task in file order (all when ``n`` is None); every row of the file is checked."""
     path = data_dir / f"{task}.jsonl"
     if not path.is_file():
         present = sorted(p.stem for p in data_dir.glob("*.jsonl"))
         raise EvaluationError(f"{path} not found; this data dir holds the tasks {present}")
-    examples, seen = [], set()
-    for number, row in enumerate(load_json_rows(path)[:n], start=1):
+    rows, seen = load_json_rows(path), set()
+    for number, row in enumerate(rows, start=1):
         missing = [name for name in FIELDS if name not in row or (row[name] is None and name != "all_classes")]
         if missing:
             raise EvaluationError(f"{path}: row {number} lacks the field(s) {missing}")
-        answers = row["answers"]
-        if not isinstance(answers, list) or not all(isinstance(answer, str) for answer in answers):
-            raise EvaluationError(f"{path}: row {number} ({row['_id']}): answers must be a list of strings")
-        if not answers:
+        problem = row_problem(row)
+        if problem:
+            raise EvaluationError(f"{path}: row {number}: {problem}")
+        if not row["answers"]:
             raise EvaluationError(f"{path}: row {number} ({row['_id']}): no gold answers, so any prediction scores 0")
         if row["_id"] in seen:
             raise EvaluationError(f"{path}: row {number} repeats the _id {row['_id']}: every example needs its own")
         seen.add(row["_id"])
-        examples.append(Example(task, str(row["_id"]), row["input"], row["context"], answers, row["all_classes"]))
-    return examples
+    return [Example(task, r["_id"], r["input"], r["context"], r["answers"], r["all_classes"]) for r in rows[:n]]
+
+
+def row_problem(row: dict) -> str:
+    """The first field of a LongBench row whose value is not of its kind, and why ("" when none): the texts and
+    ``_id`` strings, ``answers`` a list of strings, ``all_classes`` one or null, and the official file's
+    ``length`` (a whole number), ``dataset`` and ``language`` (strings) where given."""
+    for name in ("input", "context", "_id", "dataset", "language"):  # the first three present, not null
+        if row.get(name) is not None and not isinstance(row[name], str):
+            return f"{name} must be a string, not {json_kind(row[name])}"
+    if text_list_kind(row["answers"]):
+        return f"answers must be a list of strings, not {text_list_kind(row['answers'])}"
+    if row["all_classes"] is not None and text_list_kind(row["all_classes"]):
+        return f"all_classes must be a list of strings or null, not {text_list_kind(row['all_classes'])}"
+    length = row.get("length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
+        return f"length must be a whole number, not {json_kind(length)}"
+    return ""

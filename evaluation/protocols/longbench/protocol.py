@@ -94,6 +94,7 @@ class LongBench(Protocol[LongBenchConfig]):
             output=output,
             max_length=args.max_length,
             path=args.path,
+            allow_import=args.allow_import,
         )
 
     def row_key(self, row: LongBenchRow) -> tuple[str, str, str, str]:

@@ -7,7 +7,7 @@ from functools import partial
 import pandas as pd
 
 from evaluation.catalogue.budgets import Cell, budget_label, press_cells
-from evaluation.catalogue.resolved import resolve_presses
+from evaluation.catalogue.resolved import resolve_press, resolve_presses
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError
 from evaluation.protocols.longbench import cells
@@ -44,17 +44,17 @@ def with_average(summary: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def checked_cells(config: LongBenchConfig) -> list[Cell]:
-    """The settings checked, before any data: the grid's cells."""
+def checked_cells(config: LongBenchConfig, dry_run: bool = False) -> list[Cell]:
+    """The settings checked, before any data: the grid's cells (a dry run imports no press)."""
     check_tasks(config.tasks)
-    presses = resolve_presses(config.presses)
+    presses = resolve_presses(config.presses, config.allow_import, dry_run)
     if config.path not in PATHS:
         raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
     return press_cells(presses, config.budgets, "--ratios or --budgets")
 
 
 def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
-    grid = checked_cells(config)
+    grid = checked_cells(config, dry_run=True)
     data_dir = local_data_dir(config.data_dir, config.tasks)
     known, answer_tokens, fetched = None, None, [what_a_run_downloads(config.tasks)]
     if data_dir is not None:
@@ -73,10 +73,7 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
     lines = [
         f"LongBench: {count} examples ({', '.join(config.tasks)}) x {len(grid)} cells = {times(len(grid))} "
         f"cells, model {config.model.label}",
-        *(
-            f"  {press} @ {budget_label(budget)}" + ("" if (press, budget) in shared else " (per-cell path)")
-            for press, budget in grid
-        ),
+        *(f"  {press} @ {budget_label(budget)}{path_note(press, (press, budget) in shared)}" for press, budget in grid),
         f"prefills: {times(bool(shared) + alone)} ({count} shared by {len(shared)} cells each, "
         f"{times(alone)} per cell)",
         f"decodes: {times(len(grid))} ({count} batches of {len(shared)} caches, {times(alone)} alone)"
@@ -85,6 +82,15 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
     fetched += [what_loading_fetches(config.model.name)]
     lines += [f"a real run first fetches: {item}" for item in fetched if item] or ["everything it reads is local"]
     return "\n".join(lines)
+
+
+def path_note(press: str, shared: bool) -> str:
+    """How a dry run's press runs, after its name: nothing on the shared path, else the per-cell path, or what a
+    real run imports."""
+    if shared:
+        return ""
+    resolved = resolve_press(press)
+    return f" ({resolved.describe()})" if resolved.dry else " (per-cell path)"
 
 
 def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:

@@ -37,6 +37,7 @@ class StreamConfig:
     output: Path
     max_new_tokens: int = field(metadata=DEFINING)
     settings: StreamSettings  # the task's own, its results-defining fields marked in their metadata
+    allow_import: bool = False  # import the press specs' import paths (--allow-import)
 
     @property
     def placement(self) -> str:

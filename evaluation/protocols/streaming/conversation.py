@@ -19,7 +19,7 @@ from evaluation.catalogue.budgets import (
     ratio_for,
 )
 from evaluation.catalogue.registry import SHARED, question_position
-from evaluation.catalogue.resolved import resolve_press
+from evaluation.catalogue.resolved import resolve_press, resolve_presses
 from evaluation.engine.decoding import decode_batch, eos_ids, generate
 from evaluation.engine.history import History
 from evaluation.engine.retention import answer_spans, retention
@@ -321,6 +321,7 @@ def run_conversation(
     cells: list[Cell],
 ) -> None:
     """One unit: one conversation streamed through every cell, its finished answers read back from ``store``."""
+    resolve_presses(config.presses, config.allow_import)  # once per process: a Ray worker's own resolution
     model, tokenizer = loaded
     conversation: Conversation = unit.payload
     missing = sum(key not in store for key in unit.keys)

@@ -99,6 +99,7 @@ class Streamed(Protocol[StreamConfig]):
             output=output,
             max_new_tokens=args.max_new_tokens,
             settings=self.task.settings(args),
+            allow_import=args.allow_import,
         )
 
     def record_defaults(self) -> dict:

@@ -51,9 +51,9 @@ def evictions(rows: list[dict]) -> str:
     return f"the history exceeded the budget (the presses evicted) for {counts} questions" if over else ""
 
 
-def checked_cells(config: StreamConfig) -> list[Cell]:
-    """The settings checked, before any data: the stream's cells."""
-    presses = resolve_presses(config.presses)
+def checked_cells(config: StreamConfig, dry_run: bool = False) -> list[Cell]:
+    """The settings checked, before any data: the stream's cells (a dry run imports no press)."""
+    presses = resolve_presses(config.presses, config.allow_import, dry_run)
     if config.placement not in PLACEMENTS:
         raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if config.placement == "evidence" and config.history != "gold":
@@ -62,9 +62,23 @@ def checked_cells(config: StreamConfig) -> list[Cell]:
 
 
 def streamed_conversations(protocol: Streamed, config: StreamConfig) -> tuple[dict[str, str], list[Conversation]]:
-    """The data's fingerprint and the conversations the run streams."""
+    """The data's fingerprint and the conversations the run streams.
+
+    Raises
+    ------
+    EvaluationError
+        One line, for a conversation the run would ask nothing (a run that exits 0 must have answered something).
+    """
     data_fingerprint, conversations = protocol.task.load(config)
-    return data_fingerprint, select_conversations(conversations, config.conversations)
+    selected = select_conversations(conversations, config.conversations)
+    for conversation in selected:
+        if not answered(protocol, conversation, config):
+            raise EvaluationError(
+                f"{conversation.sample_id}: this run asks it nothing (no question to answer among the "
+                f"{len(asked_questions(conversation, config))} it asks first): ask more (--max-turns) or leave it "
+                "out (--conversations)"
+            )
+    return data_fingerprint, selected
 
 
 def answered(protocol: Streamed, conversation: Conversation, config: StreamConfig) -> list[Question]:
@@ -74,7 +88,7 @@ def answered(protocol: Streamed, conversation: Conversation, config: StreamConfi
 
 def dry_run(protocol: Streamed, config: StreamConfig) -> str:
     fetched = [protocol.task.downloads(config), what_loading_fetches(config.model.name)]
-    cells = checked_cells(config)
+    cells = checked_cells(config, dry_run=True)
     if fetched[0]:
         asked = f"{len(config.conversations)} conversations" if config.conversations else "every conversation"
         lines = [
