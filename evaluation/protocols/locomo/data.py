@@ -12,6 +12,7 @@ from pathlib import Path
 
 from evaluation.errors import EvaluationError
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session, Turn
+from evaluation.runs.files import write_atomically
 from evaluation.runs.json_rows import json_kind, load_json_rows, text_list_kind
 from evaluation.runs.models import cache_root
 
@@ -48,7 +49,7 @@ def resolve_path(path: str | None) -> Path:
     if hashlib.sha256(payload).hexdigest() != LOCOMO_SHA256:
         raise EvaluationError(f"the file downloaded from {LOCOMO_URL} does not have the expected sha256")
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(payload)
+    write_atomically(target, payload)
     return target
 
 

@@ -14,6 +14,7 @@ from string import Formatter
 
 from evaluation.errors import EvaluationError
 from evaluation.metrics.longbench import TASK_METRICS
+from evaluation.runs.files import write_atomically
 from evaluation.runs.json_rows import json_kind, load_json_rows, parse_json, text_list_kind
 from evaluation.runs.models import cache_root
 
@@ -103,13 +104,6 @@ def parquet_rows(source: str, task: str, revision: str | None) -> list[dict]:
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     """The official file layout: one JSON object per line, fields and order as given."""
     write_atomically(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode())
-
-
-def write_atomically(path: Path, content: bytes) -> None:
-    """A download cut off halfway leaves no file that a later run would take as complete."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(content)
-    partial.replace(path)
 
 
 def read_config(path: Path) -> dict:
