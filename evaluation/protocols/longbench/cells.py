@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label, ratio_for
 from evaluation.catalogue.registry import question_position
 from evaluation.catalogue.resolved import resolve_press
-from evaluation.engine.decoding import decode_batch, eos_ids, generate
+from evaluation.engine.decoding import answer_ids_of, decode_batch_forced, eos_ids, generate
 from evaluation.engine.history import History
 from evaluation.errors import PressCannotRun
 from evaluation.metrics.longbench import sample_score
@@ -78,7 +78,9 @@ def cell_row(
     path: str,
     tokenizer: PreTrainedTokenizerBase,
     attn_implementation: str,
+    likelihood: tuple[float | None, int],
 ) -> LongBenchRow:
+    """A finished cell's row; ``likelihood``: its answer's (``answer_nll``, ``answer_tokens``)."""
     prediction = tokenizer.decode(generated, skip_special_tokens=True)
     context_tokens = prompt.context_ids.shape[1]
     return {
@@ -96,7 +98,16 @@ def cell_row(
         "answers": example.answers,
         "all_classes": example.all_classes,
         "score": sample_score(example.task, prediction, example.answers, example.all_classes),
+        "answer_nll": likelihood[0],
+        "answer_tokens": likelihood[1],
     }
+
+
+def gold_answer_ids(tokenizer: PreTrainedTokenizerBase, example: Example, task_config: TaskConfig) -> list[int]:
+    """The first gold answer's tokens, as its likelihood forces them: the answer text alone, without special
+    tokens, cut to the task's official answer length (dataset2maxlen); none for an example without answers."""
+    answer = example.answers[0] if example.answers else None
+    return answer_ids_of(tokenizer, answer, task_config.max_new_tokens)
 
 
 def failed_row(
@@ -130,12 +141,18 @@ def run_cell(
     implementation = "eager" if resolved.reads_weights else config.model.attn_implementation
     model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
+    answer = gold_answer_ids(tokenizer, example, task_config)
     try:
-        generation = generate(model, prompt.context_ids, prompt.question_ids, press, task_config.max_new_tokens, stop)
+        generation = generate(
+            model, prompt.context_ids, prompt.question_ids, press, task_config.max_new_tokens, stop, answer
+        )
     except PressCannotRun as error:
         return failed_row(example, press_name, budget, length, "per-cell", error)
     tokens, kept = generation.token_ids, generation.kept_tokens
-    return cell_row(config, example, prompt, press_name, budget, tokens, kept, "per-cell", tokenizer, implementation)
+    likelihood = (generation.answer_nll, len(answer))
+    return cell_row(
+        config, example, prompt, press_name, budget, tokens, kept, "per-cell", tokenizer, implementation, likelihood
+    )
 
 
 def run_shared(
@@ -166,13 +183,15 @@ def run_shared(
     for _, _, cache in derived:
         cache.owned = True  # the history is done with: the batch takes over its cache too (the full-cache cell's)
     del history
-    generated = decode_batch(
+    answer = gold_answer_ids(tokenizer, example, task_config)
+    generated, nlls = decode_batch_forced(
         model,
         [cache for _, _, cache in derived],
         prompt.question_ids,
         starts,
         task_config.max_new_tokens,
         stop_ids(model, tokenizer, example.task),
+        answer,
         first_logits,
         consume=True,
     )
@@ -188,8 +207,9 @@ def run_shared(
             "shared",
             tokenizer,
             config.model.attn_implementation,
+            (nll, len(answer)),
         )
-        for (press_name, budget, cache), tokens in zip(derived, generated, strict=True)
+        for (press_name, budget, cache), tokens, nll in zip(derived, generated, nlls, strict=True)
     ]
 
 

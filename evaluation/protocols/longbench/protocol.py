@@ -38,6 +38,8 @@ class LongBenchRow(Row):
     prediction: NotRequired[str]
     answers: NotRequired[list[str]]
     all_classes: NotRequired[list[str] | None]
+    answer_nll: NotRequired[float | None]  # the first gold answer's mean negative log-likelihood per token (nats)
+    answer_tokens: NotRequired[int]  # its tokens, cut to the task's answer length
 
 
 def conditions(row: LongBenchRow) -> list[str]:

@@ -40,6 +40,8 @@ class QuestionRow(Row):
     prediction: NotRequired[str]
     scored_prediction: NotRequired[str]
     retention: NotRequired[float | None]
+    answer_nll: NotRequired[float | None]  # the gold answer's mean negative log-likelihood per token (nats)
+    answer_tokens: NotRequired[int]  # its tokens, cut to the answer limit
 
 
 def row_key(row: QuestionRow) -> tuple[str, int, str, str]:
