@@ -210,3 +210,44 @@ def test_streamed_predictions_are_the_same_without_the_likelihood(locomo_model_d
         return {(r["question_index"], r["press"], r["budget"]): (r["prediction"], r["score"]) for r in rows}
 
     assert predictions(tmp_path / "forced") == predictions(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("path", ["shared", "per-cell"])
+def test_likelihood_only_scores_the_answer_without_generating(model_dir, data_dir, tmp_path, path, capsys):  # noqa: F811
+    generated = longbench(model_dir, data_dir, tmp_path / "generated", "--path", path)
+    only = longbench(model_dir, data_dir, tmp_path / "only", "--path", path, "--likelihood-only")
+
+    def key(row: dict) -> tuple:
+        return row["task"], row["id"], row["press"], row["budget"]
+
+    expected = {key(row): row["answer_nll"] for row in generated}
+    assert len(only) == len(generated)
+    for row in only:
+        assert "prediction" not in row and "generated_tokens" not in row
+        assert row["score"] == row["answer_nll"] == pytest.approx(expected[key(row)], abs=1e-5)
+        assert row["kept_tokens"] == next(g["kept_tokens"] for g in generated if key(g) == key(row))
+    assert "Likelihood only" in (tmp_path / "only" / "scorecard.md").read_text()
+    argv = ["longbench", "--model", str(model_dir), "--data", str(data_dir), "--output", str(tmp_path / "only")]
+    assert main([*argv, "--tasks", "hotpotqa", "--presses", "full", "--n", "1", "--path", path]) == 2
+    assert "likelihood_only: stored True, asked False" in capsys.readouterr().err
+
+
+def test_streamed_likelihood_only_scores_the_gold_answer_without_generating(
+    locomo_model_dir, locomo_data, tmp_path, capsys
+):
+    assert run_locomo(locomo_model_dir, locomo_data, tmp_path / "generated", *STREAMED) == 0
+    assert run_locomo(locomo_model_dir, locomo_data, tmp_path / "only", *STREAMED, "--likelihood-only") == 0
+
+    def rows(output: Path) -> dict:
+        lines = (output / "predictions.jsonl").read_text().splitlines()
+        return {(r["question_index"], r["press"], r["budget"]): r for r in map(json.loads, lines)}
+
+    generated, only = rows(tmp_path / "generated"), rows(tmp_path / "only")
+    assert only.keys() == generated.keys()
+    for key, row in only.items():
+        assert "prediction" not in row and row["score"] == row["answer_nll"]
+        assert row["answer_nll"] == pytest.approx(generated[key]["answer_nll"], abs=1e-5)
+    assert "Likelihood only" in (tmp_path / "only" / "scorecard.md").read_text()
+    output = tmp_path / "model"
+    assert run_locomo(locomo_model_dir, locomo_data, output, "--likelihood-only", "--history", "model") == 2
+    assert "--likelihood-only generates no answers for the history" in capsys.readouterr().err

@@ -120,9 +120,11 @@ def generate(
         ]
         kept = kept_tokens(cache, masks)
         position = question_position(press, context_ids.shape[1], cache.get_seq_length())
-        forced = copy.deepcopy(cache) if answer_ids else None
-        with decoding(model) if decoding is not None else nullcontext(), press_refusals(press):
-            tokens = decode(model, cache, question_ids, position, max_new_tokens, stop_ids, outputs.logits)
+        forced = copy.deepcopy(cache) if answer_ids and max_new_tokens else cache  # no generation, no copy
+        tokens: list[int] = []
+        if max_new_tokens:
+            with decoding(model) if decoding is not None else nullcontext(), press_refusals(press):
+                tokens = decode(model, cache, question_ids, position, max_new_tokens, stop_ids, outputs.logits)
         nll = None
         if answer_ids:
             del cache  # the generation's: only the copy is needed now
@@ -291,12 +293,13 @@ def decode_batch_forced(
     question over every cache (one forward, ``forced_nlls``) in the batch's scratch space (``RaggedCache.scratch``:
     what it appends is forgotten, so the decoding that follows is the same as without it). Returns the generated
     ids and each cache's answer likelihood (mean nats per token; None for every cache when ``answer_ids`` is
-    empty)."""
+    empty). ``max_new_tokens`` 0: the likelihood alone, nothing decoded."""
     if not caches:
         return [], []
     device = model.device
     starts = [position] * len(caches) if isinstance(position, int) else list(position)
-    cache = RaggedCache.from_caches(caches, question_ids.shape[1] + max_new_tokens, consume)
+    room = question_ids.shape[1] + max(max_new_tokens, len(answer_ids))  # the answer is no longer than a generation
+    cache = RaggedCache.from_caches(caches, room, consume)
     active = list(range(len(caches)))
     logits = None if first_logits is None else first_logits.expand(len(caches), -1, -1)
     step_ids = question_ids.to(device).expand(len(caches), -1)
@@ -312,7 +315,7 @@ def decode_batch_forced(
                         model, cache, step_ids, _positions(starts, active, 0, forced, device), answer_ids, first_logits
                     )
                 )
-        while active:
+        while active and max_new_tokens:
             if step_ids.shape[1]:
                 positions = _positions(starts, active, appended, step_ids.shape[1], device)
                 logits = model(

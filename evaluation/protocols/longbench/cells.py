@@ -80,9 +80,26 @@ def cell_row(
     attn_implementation: str,
     likelihood: tuple[float | None, int],
 ) -> LongBenchRow:
-    """A finished cell's row; ``likelihood``: its answer's (``answer_nll``, ``answer_tokens``)."""
-    prediction = tokenizer.decode(generated, skip_special_tokens=True)
+    """A finished cell's row; ``likelihood``: its answer's (``answer_nll``, ``answer_tokens``). A likelihood-only
+    row (``--likelihood-only``) holds no prediction, and its score is its ``answer_nll``."""
     context_tokens = prompt.context_ids.shape[1]
+    if config.likelihood_only:
+        return {
+            **cell_identity(example, press_name, budget, context_tokens),
+            "compression_ratio": ratio_for(budget, context_tokens),
+            "context_tokens": context_tokens,
+            "kept_tokens": kept_tokens,
+            "question_tokens": prompt.question_ids.shape[1],
+            "truncated": prompt.truncated,
+            "query_aware": config.query_aware,
+            "attn_implementation": attn_implementation,
+            "path": path,
+            "answers": example.answers,
+            "score": likelihood[0],
+            "answer_nll": likelihood[0],
+            "answer_tokens": likelihood[1],
+        }
+    prediction = tokenizer.decode(generated, skip_special_tokens=True)
     return {
         **cell_identity(example, press_name, budget, context_tokens),
         "compression_ratio": ratio_for(budget, context_tokens),
@@ -123,6 +140,17 @@ def failed_row(
     }
 
 
+def generation_cap(config: LongBenchConfig, task_config: TaskConfig) -> int:
+    """How many tokens a cell generates: the task's official answer length, none for ``--likelihood-only``."""
+    return 0 if config.likelihood_only else task_config.max_new_tokens
+
+
+def check_answer(config: LongBenchConfig, example: Example, answer: list[int]) -> None:
+    """A likelihood-only cell needs an answer to score: an example without one fails (``PressCannotRun``)."""
+    if config.likelihood_only and not answer:
+        raise PressCannotRun(f"{example.task} {example.id} has no gold answer: no likelihood to score")
+
+
 def run_cell(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -142,10 +170,10 @@ def run_cell(
     model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
     answer = gold_answer_ids(tokenizer, example, task_config)
+    cap = generation_cap(config, task_config)
     try:
-        generation = generate(
-            model, prompt.context_ids, prompt.question_ids, press, task_config.max_new_tokens, stop, answer
-        )
+        check_answer(config, example, answer)
+        generation = generate(model, prompt.context_ids, prompt.question_ids, press, cap, stop, answer)
     except PressCannotRun as error:
         return failed_row(example, press_name, budget, length, "per-cell", error)
     tokens, kept = generation.token_ids, generation.kept_tokens
@@ -168,6 +196,11 @@ def run_shared(
     press's own hook, one batched decode of them all. Every cell's press must be on the shared path."""
     model.set_attn_implementation(config.model.attn_implementation)
     length = prompt.context_ids.shape[1]
+    answer = gold_answer_ids(tokenizer, example, task_config)
+    try:
+        check_answer(config, example, answer)
+    except PressCannotRun as error:
+        return [failed_row(example, press_name, budget, length, "shared", error) for press_name, budget in cells]
     presses = [resolve_press(name).build(ratio_for(budget, length), length) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
@@ -183,13 +216,12 @@ def run_shared(
     for _, _, cache in derived:
         cache.owned = True  # the history is done with: the batch takes over its cache too (the full-cache cell's)
     del history
-    answer = gold_answer_ids(tokenizer, example, task_config)
     generated, nlls = decode_batch_forced(
         model,
         [cache for _, _, cache in derived],
         prompt.question_ids,
         starts,
-        task_config.max_new_tokens,
+        generation_cap(config, task_config),
         stop_ids(model, tokenizer, example.task),
         answer,
         first_logits,

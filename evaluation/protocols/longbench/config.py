@@ -24,3 +24,4 @@ class LongBenchConfig:
     output: Path
     max_length: int | None = field(default=None, metadata=DEFINING)
     path: str = "shared"
+    likelihood_only: bool = field(default=False, metadata=DEFINING)  # the answer's likelihood alone, no generation

@@ -37,6 +37,7 @@ class StreamConfig:
     output: Path
     max_new_tokens: int = field(metadata=DEFINING)
     settings: StreamSettings  # the task's own, its results-defining fields marked in their metadata
+    likelihood_only: bool = field(default=False, metadata=DEFINING)  # the answer's likelihood alone, no generation
 
     @property
     def placement(self) -> str:

@@ -217,12 +217,17 @@ class ConversationRun:
             held = {i: retention(history.cache, cache, spans) for i, cache in caches.items()}
         asked = torch.tensor([question_ids])
         answer = self.answer_ids(question)
+        cap = 0 if self.config.likelihood_only else self.config.max_new_tokens  # likelihood only: no generation
+        if self.config.likelihood_only and not answer:
+            error = PressCannotRun(f"question {question.index} has no gold answer: no likelihood to score")
+            refused |= dict.fromkeys(range(len(cells)), error)
+            caches, starts = {}, {}
         generated, forced = decode_batch_forced(
             self.model,
             list(caches.values()),
             asked,
             list(starts.values()),
-            self.config.max_new_tokens,
+            cap,
             self.stop,
             answer,
             consume=True,
@@ -237,9 +242,7 @@ class ConversationRun:
             if resolved[i].reads_weights:
                 self.model.set_attn_implementation("eager")
             try:
-                generation = generate(
-                    self.model, context, asked, presses[i], self.config.max_new_tokens, self.stop, answer
-                )
+                generation = generate(self.model, context, asked, presses[i], cap, self.stop, answer)
                 tokens[i], kept[i], nlls[i] = generation.token_ids, generation.kept_tokens, generation.answer_nll
             except PressCannotRun as error:
                 refused[i] = error
@@ -257,6 +260,9 @@ class ConversationRun:
         for i, row in enumerate(rows):
             if i not in refused:
                 row["answer_nll"], row["answer_tokens"] = nlls[i], len(answer)
+                if self.config.likelihood_only:  # no prediction: the row's score is its answer's likelihood
+                    del row["prediction"], row["scored_prediction"]
+                    row["score"] = nlls[i]
         return rows
 
     def answer_ids(self, question: Question) -> list[int]:
