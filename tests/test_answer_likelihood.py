@@ -11,15 +11,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from evaluation.catalogue.budgets import parse_budgets, ratio_for
+from evaluation.catalogue.budgets import Budget, parse_budgets, ratio_for
 from evaluation.catalogue.resolved import resolve_press
 from evaluation.cli.main import main
 from evaluation.engine.decoding import answer_ids_of
 from evaluation.protocols.locomo.render import ABSTAIN
 from evaluation.protocols.longbench import cells
-from evaluation.protocols.longbench.data import load_configs, load_task
+from evaluation.protocols.longbench.config import LongBenchConfig
+from evaluation.protocols.longbench.data import TaskConfig, load_configs, load_task
 from evaluation.protocols.longbench.prompts import build_prompt
 from evaluation.protocols.streaming import conversation as streamed
+from evaluation.runs.models import ModelSettings
+from tests.helpers import SHARED_DATA
 from tests.test_locomo_protocol import CONVERSATION
 from tests.test_locomo_protocol import locomo as run_locomo
 from tests.test_longbench_protocol import data_dir, model_dir  # noqa: F401 (fixtures)
@@ -251,3 +254,30 @@ def test_streamed_likelihood_only_scores_the_gold_answer_without_generating(
     output = tmp_path / "model"
     assert run_locomo(locomo_model_dir, locomo_data, output, "--likelihood-only", "--history", "model") == 2
     assert "--likelihood-only generates no answers for the history" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2):
+    """On SmolLM2 and a real prompt (1,024 tokens, the answer and the generation cut to 16 tokens): the full cache's
+    likelihood equals a plain forward's, a press's on either path the same forward over its own prefill's cache."""
+    model, tokenizer = smollm2("sdpa")
+    shared_data = SHARED_DATA / "longbench"
+    official = load_configs(shared_data, ["multi_news"])["multi_news"]
+    task = TaskConfig(official.prompt, 16)
+    example = load_task(shared_data, "multi_news", 1)[0]
+    prompt = build_prompt(example, task, tokenizer, 1024, False)
+    half = Budget("ratio", 0.5)
+    config = LongBenchConfig(ModelSettings(), ["multi_news"], ["snapkv", "tova"], [half], 1, False, None, Path("-"))
+    shared = cells.run_shared(model, tokenizer, config, task, example, prompt, [("full", None), ("snapkv", half)])
+    per_cell = cells.run_cell(model, tokenizer, config, task, example, prompt, "tova", half)
+    model.set_attn_implementation("sdpa")
+    answer = cells.gold_answer_ids(tokenizer, example, task)
+    context, question = prompt.context_ids, prompt.question_ids[0].tolist()
+    assert all(row["answer_tokens"] == len(answer) == 16 for row in [*shared, per_cell])
+    expected = plain_nll(model, None, 0, context[0].tolist() + question, answer)
+    assert shared[0]["answer_nll"] == pytest.approx(expected, abs=TOLERANCE)
+    for row in (shared[1], per_cell):
+        expected = own_prefill_nll(model, row["press"], context, question, answer)
+        model.set_attn_implementation("sdpa")
+        assert row["answer_nll"] == pytest.approx(expected, abs=TOLERANCE), row["press"]
+    assert shared[0]["answer_nll"] != shared[1]["answer_nll"]
