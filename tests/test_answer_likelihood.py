@@ -20,9 +20,13 @@ from evaluation.protocols.longbench import cells
 from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import TaskConfig, load_configs, load_task
 from evaluation.protocols.longbench.prompts import build_prompt
+from evaluation.protocols.probe.facts import gold_answer, probes
+from evaluation.protocols.probe.prompt import prompt_ids
+from evaluation.protocols.probe.protocol import ProbeConfig
+from evaluation.protocols.probe.work import probe_rows
 from evaluation.protocols.streaming import conversation as streamed
 from evaluation.runs.models import ModelSettings
-from tests.helpers import SHARED_DATA
+from tests.helpers import SHARED_DATA, byte_tokenizer, tiny_model
 from tests.test_locomo_protocol import CONVERSATION
 from tests.test_locomo_protocol import locomo as run_locomo
 from tests.test_longbench_protocol import data_dir, model_dir  # noqa: F401 (fixtures)
@@ -283,3 +287,20 @@ def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2):
         model.set_attn_implementation("sdpa")
         assert row["answer_nll"] == pytest.approx(expected, abs=TOLERANCE), row["press"]
     assert shared[0]["answer_nll"] != shared[1]["answer_nll"]
+
+
+@pytest.mark.parametrize("reasoning", [True, False])
+def test_a_probe_row_holds_its_gold_answer_likelihood(tmp_path, reasoning):
+    model, tokenizer = tiny_model("llama", "sdpa", vocab_size=260), byte_tokenizer()
+    probe = probes(5, 1)[0]
+    config = ProbeConfig(ModelSettings(), 5, 1, reasoning, tmp_path, max_new_tokens=40)
+    rows = probe_rows((model, tokenizer), probe, config)
+    ids, _ = prompt_ids(tokenizer, probe, reasoning)
+    text = f"{probe.answer}." if not reasoning else gold_answer(probe, True)
+    assert text.endswith(f"the answer is {probe.answer}.") or not reasoning
+    gold = tokenizer.encode(text, add_special_tokens=False)[:40]
+    expected = plain_nll(model, None, 0, ids, gold)
+    for row in rows:
+        assert list(row)[-2:] == ["answer_nll", "gold_answer_tokens"] and row["gold_answer_tokens"] == len(gold)
+        assert row["answer_nll"] == pytest.approx(expected, abs=TOLERANCE)
+    assert rows[0]["answer_tokens"] == 40, "the model's own answer, counted as before"
