@@ -263,9 +263,10 @@ def test_streamed_likelihood_only_scores_the_gold_answer_without_generating(
 
 
 @pytest.mark.slow
-def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2):
+def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2, monkeypatch):
     """On SmolLM2 and a real prompt (1,024 tokens, the answer and the generation cut to 16 tokens): the full cache's
-    likelihood equals a plain forward's, a press's on either path the same forward over its own prefill's cache."""
+    likelihood equals a plain forward's, a press's on either path the same forward over its own prefill's cache, and
+    the shared path's generations are those of a run without it."""
     model, tokenizer = smollm2("sdpa")
     shared_data = SHARED_DATA / "longbench"
     official = load_configs(shared_data, ["multi_news"])["multi_news"]
@@ -287,6 +288,9 @@ def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2):
         model.set_attn_implementation("sdpa")
         assert row["answer_nll"] == pytest.approx(expected, abs=TOLERANCE), row["press"]
     assert shared[0]["answer_nll"] != shared[1]["answer_nll"]
+    monkeypatch.setattr(cells, "gold_answer_ids", lambda tokenizer, example, task_config: [])
+    plain = cells.run_shared(model, tokenizer, config, task, example, prompt, [("full", None), ("snapkv", half)])
+    assert [row["prediction"] for row in plain] == [row["prediction"] for row in shared], "the same generations"
 
 
 @pytest.mark.parametrize("reasoning", [True, False])
