@@ -190,6 +190,7 @@ def force(
     return mean_nll(torch.stack(predicted), answer_ids)
 
 
+@torch.no_grad()
 def forced_nlls(
     model: PreTrainedModel,
     cache: DynamicCache | RaggedCache,
