@@ -249,7 +249,7 @@ def test_an_error_that_is_no_refusal_stops_the_run_loudly_and_the_rerun_resumes(
 
     import evaluation.protocols.longbench.cells as runner
 
-    output, calls, decode = tmp_path / "run", [], runner.decode_batch
+    output, calls, decode = tmp_path / "run", [], runner.decode_batch_forced
 
     def out_of_memory_on_the_second_example(*args, **kwargs):
         calls.append(1)
@@ -257,14 +257,14 @@ def test_an_error_that_is_no_refusal_stops_the_run_loudly_and_the_rerun_resumes(
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "decode_batch", out_of_memory_on_the_second_example)
+    monkeypatch.setattr(runner, "decode_batch_forced", out_of_memory_on_the_second_example)
     assert longbench(model_dir, data_dir, output) == 2
     message = error_of(capsys)
     assert "the run stopped in" in message and "OutOfMemoryError: CUDA out of memory" in message
     assert "the same command resumes" in message and "\n" not in message
     first = rows_of(output)
     assert first and not any(row.get("error") for row in first), "nothing is recorded as a failed cell"
-    monkeypatch.setattr(runner, "decode_batch", decode)
+    monkeypatch.setattr(runner, "decode_batch_forced", decode)
     assert longbench(model_dir, data_dir, output) == 0
     assert rows_of(output)[: len(first)] == first
     sessions = json.loads((output / "run.json").read_text())["sessions"]

@@ -3,6 +3,7 @@ of one prompt in one batch (the shared path)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from presses.teacher_forcing import language_model
 class Generation:
     token_ids: list[int]
     kept_tokens: int  # keys visible per layer and head, on average, before the question was appended
+    answer_nll: float | None = None  # the forced answer's mean negative log-likelihood per token (nats), if asked
 
 
 @torch.no_grad()
@@ -88,6 +90,7 @@ def generate(
     press: BasePress | None,
     max_new_tokens: int,
     stop_ids: set[int],
+    answer_ids: list[int] | None = None,
 ) -> Generation:
     """Prefill ``context_ids`` under ``press``, append ``question_ids``, then decode greedily, as KVPress's pipeline
     runs a press: a prefill press compresses the context and the question is appended uncompressed; a decoding press
@@ -98,6 +101,10 @@ def generate(
     re-rotates them, as KVPress's pipeline does). What a press leaves on the attention
     modules for decoding (AdaKV's masked keys) is cleared afterwards. A press that refuses the prompt raises
     ``PressCannotRun``.
+
+    With ``answer_ids``, the answer is also teacher-forced after the question on a copy of the prefill's cache,
+    taken before decoding (so the generation is the same as without it), by the same path (``force``): its mean
+    negative log-likelihood is the generation's ``answer_nll``.
     """
     check_eager_fits(model, context_ids.shape[1])
     cache = DynamicCache()
@@ -113,12 +120,112 @@ def generate(
         ]
         kept = kept_tokens(cache, masks)
         position = question_position(press, context_ids.shape[1], cache.get_seq_length())
-        with decoding(model) if decoding is not None else nullcontext(), press_refusals(press):
-            tokens = decode(model, cache, question_ids, position, max_new_tokens, stop_ids, outputs.logits)
+        forced = copy.deepcopy(cache) if answer_ids and max_new_tokens else cache  # no generation, no copy
+        tokens: list[int] = []
+        if max_new_tokens:
+            with decoding(model) if decoding is not None else nullcontext(), press_refusals(press):
+                tokens = decode(model, cache, question_ids, position, max_new_tokens, stop_ids, outputs.logits)
+        nll = None
+        if answer_ids:
+            del cache  # the generation's: only the copy is needed now
+            # a decoding press starts afresh (it resets on leaving its context), as it started for the generation
+            with decoding(model) if decoding is not None else nullcontext(), press_refusals(press):
+                nll = force(model, forced, question_ids, position, answer_ids, outputs.logits, decoding is not None)
     finally:
         for layer in language_model(model).layers:
             layer.self_attn.masked_key_indices = None
-    return Generation(tokens, kept)
+    return Generation(tokens, kept, nll)
+
+
+def answer_ids_of(tokenizer, answer: str | None, limit: int) -> list[int]:
+    """The answer's tokens as the likelihood forces them: the tokenizer's encoding of the answer text alone,
+    without special tokens, cut to ``limit`` (the task's official answer length)."""
+    if answer is None:
+        return []
+    return tokenizer.encode(str(answer), add_special_tokens=False)[:limit]
+
+
+def mean_nll(logits: torch.Tensor, answer_ids: list[int]) -> float:
+    """The mean negative log-likelihood per token (nats) of ``answer_ids`` under ``logits`` (answer, vocab), each
+    row the prediction of its token, in float32."""
+    target = torch.tensor(answer_ids, device=logits.device)
+    return torch.nn.functional.cross_entropy(logits.float(), target).item()
+
+
+@torch.no_grad()
+def force(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    question_ids: torch.Tensor,
+    position: int,
+    answer_ids: list[int],
+    first_logits: torch.Tensor | None,
+    stepwise: bool = False,
+) -> float:
+    """Append ``question_ids`` to ``cache`` at ``position``, then teacher-force ``answer_ids`` after it; returns the
+    answer's mean negative log-likelihood per token (``mean_nll``). ``first_logits``: the prefill's last logits,
+    needed only without a question. ``stepwise``: token by token, as ``decode`` feeds its own tokens (a press that
+    compresses while decoding sees each step as it would while generating); else in one forward of the question
+    and the answer. The cache is extended."""
+    device = model.device
+    if not stepwise:
+        positions = torch.arange(position, position + question_ids.shape[1] + len(answer_ids) - 1, device=device)
+        return forced_nlls(model, cache, question_ids.to(device), positions[None], answer_ids, first_logits)[0]
+    logits = first_logits
+    if question_ids.shape[1]:
+        positions = torch.arange(position, position + question_ids.shape[1], device=device).unsqueeze(0)
+        outputs = model(
+            input_ids=question_ids.to(device), past_key_values=cache, position_ids=positions, logits_to_keep=1
+        )
+        logits, position = outputs.logits, position + question_ids.shape[1]
+    predicted = [logits[0, -1]]
+    for token in answer_ids[:-1]:
+        logits = model(
+            input_ids=torch.tensor([[token]], device=device),
+            past_key_values=cache,
+            position_ids=torch.tensor([[position]], device=device),
+        ).logits
+        predicted.append(logits[0, -1])
+        position += 1
+    return mean_nll(torch.stack(predicted), answer_ids)
+
+
+@torch.no_grad()
+def forced_nlls(
+    model: PreTrainedModel,
+    cache: DynamicCache | RaggedCache,
+    question_ids: torch.Tensor,
+    positions: torch.Tensor,
+    answer_ids: list[int],
+    first_logits: torch.Tensor | None,
+) -> list[float]:
+    """One forward of the question and the answer but its last token over a batch of caches (rows): each row's
+    answer likelihood (``mean_nll``). ``question_ids`` (rows or 1, question) on the model's device;
+    ``positions`` (rows or 1, question + answer - 1); ``first_logits`` (1, 1, vocab), the prefill's last logits,
+    needed only when there is no question: they predict the answer's first token."""
+    rows = max(question_ids.shape[0], positions.shape[0])
+    answer = torch.tensor([answer_ids[:-1]], dtype=torch.long, device=question_ids.device)
+    question = question_ids.long()  # an empty question's ids may be a float tensor (``torch.tensor([[]])``)
+    inputs = torch.cat([question.expand(rows, -1), answer.expand(rows, -1)], dim=1)
+    first = None
+    if question_ids.shape[1] == 0:
+        if first_logits is None:
+            raise ValueError("without a question, the prefill's last logits predict the answer's first token")
+        first = first_logits[0, -1:]
+    needed = len(answer_ids) - (first is not None)  # positions whose hidden state predicts an answer token
+    hidden = None
+    if needed:
+        hidden = language_model(model)(
+            input_ids=inputs, past_key_values=cache, position_ids=positions.expand(rows, -1)
+        ).last_hidden_state[:, -needed:]
+    lm_head = model.get_output_embeddings()
+    nlls = []
+    for row in range(rows):  # one row's logits at a time: (answer, vocab) in float32
+        logits = [] if hidden is None else [lm_head(hidden[row])]
+        if first is not None:
+            logits.insert(0, first.to(logits[0].dtype) if logits else first)
+        nlls.append(mean_nll(torch.cat(logits), answer_ids))
+    return nlls
 
 
 def check_eager_fits(model: PreTrainedModel, length: int) -> None:
@@ -147,7 +254,6 @@ def eos_ids(model: PreTrainedModel) -> set[int]:
     return set(eos) if isinstance(eos, list) else {eos} if eos is not None else set()
 
 
-@torch.no_grad()
 def decode_batch(
     model: PreTrainedModel,
     caches: list[Compressed],
@@ -167,26 +273,52 @@ def decode_batch(
     ``first_logits`` (1, 1, vocab), the prefill's last logits, is needed only when there is no question.
     ``position``: where the question starts, one for every cache or one per cache (``question_position``).
     """
+    return decode_batch_forced(
+        model, caches, question_ids, position, max_new_tokens, stop_ids, [], first_logits, consume
+    )[0]
+
+
+@torch.no_grad()
+def decode_batch_forced(
+    model: PreTrainedModel,
+    caches: list[Compressed],
+    question_ids: torch.Tensor,
+    position: int | list[int],
+    max_new_tokens: int,
+    stop_ids: set[int],
+    answer_ids: list[int],
+    first_logits: torch.Tensor | None = None,
+    consume: bool = False,
+) -> tuple[list[list[int]], list[float | None]]:
+    """``decode_batch``, and in the same batch, before decoding, the answer ``answer_ids`` teacher-forced after the
+    question over every cache (one forward, ``forced_nlls``) in the batch's scratch space (``RaggedCache.scratch``:
+    what it appends is forgotten, so the decoding that follows is the same as without it). Returns the generated
+    ids and each cache's answer likelihood (mean nats per token; None for every cache when ``answer_ids`` is
+    empty). ``max_new_tokens`` 0: the likelihood alone, nothing decoded."""
     if not caches:
-        return []
+        return [], []
     device = model.device
     starts = [position] * len(caches) if isinstance(position, int) else list(position)
-    cache = RaggedCache.from_caches(caches, question_ids.shape[1] + max_new_tokens, consume)
+    room = question_ids.shape[1] + max(max_new_tokens, len(answer_ids))  # the answer is no longer than a generation
+    cache = RaggedCache.from_caches(caches, room, consume)
     active = list(range(len(caches)))
     logits = None if first_logits is None else first_logits.expand(len(caches), -1, -1)
     step_ids = question_ids.to(device).expand(len(caches), -1)
     generated: list[list[int]] = [[] for _ in caches]
+    nlls: list[float | None] = [None] * len(caches)
     appended = 0
     with attention_implementation(model, RAGGED_SDPA):
-        while active:
+        if answer_ids:
+            with cache.scratch():
+                forced = step_ids.shape[1] + len(answer_ids) - 1
+                nlls = list(
+                    forced_nlls(
+                        model, cache, step_ids, _positions(starts, active, 0, forced, device), answer_ids, first_logits
+                    )
+                )
+        while active and max_new_tokens:
             if step_ids.shape[1]:
-                first = {starts[sequence] for sequence in active}
-                if len(first) == 1:  # one start for every cache: no per-row positions to copy to the device
-                    start = first.pop() + appended
-                    positions = torch.arange(start, start + step_ids.shape[1], device=device).expand(len(active), -1)
-                else:
-                    rows = torch.tensor([starts[sequence] + appended for sequence in active])[:, None]
-                    positions = (rows + torch.arange(step_ids.shape[1])).to(device)
+                positions = _positions(starts, active, appended, step_ids.shape[1], device)
                 logits = model(
                     input_ids=step_ids, past_key_values=cache, position_ids=positions, logits_to_keep=1
                 ).logits
@@ -197,4 +329,14 @@ def decode_batch(
             if len(going) < len(active):
                 cache.keep_rows(going)
                 active = [active[row] for row in going]
-    return generated
+    return generated, nlls
+
+
+def _positions(starts: list[int], active: list[int], appended: int, length: int, device: torch.device) -> torch.Tensor:
+    """The positions of ``length`` new tokens of each active sequence, ``appended`` after its question's start."""
+    first = {starts[sequence] for sequence in active}
+    if len(first) == 1:  # one start for every cache: no per-row positions to copy to the device
+        start = first.pop() + appended
+        return torch.arange(start, start + length, device=device).expand(len(active), -1)
+    rows = torch.tensor([starts[sequence] + appended for sequence in active])[:, None]
+    return (rows + torch.arange(length)).to(device)

@@ -17,6 +17,8 @@ cache at every step (``torch.cat``). Here instead:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -160,6 +162,18 @@ def _visible(masks: list[torch.Tensor | None], keys: torch.Tensor, room: int) ->
 
 class RaggedCache(Cache):
     """A batch of single-sequence caches of any lengths, decoded with the ``RAGGED_SDPA`` attention."""
+
+    @contextmanager
+    def scratch(self) -> Iterator[None]:
+        """What the block appends is forgotten when it exits: every group's length is restored, so the positions it
+        wrote are free again and overwritten by the next append before anything reads them (a teacher-forced pass
+        leaves the batch's caches as they were, neither copied nor changed)."""
+        lengths = [[group.length for group in layer.groups] for layer in self.layers]
+        try:
+            yield
+        finally:
+            for layer, kept in zip(self.layers, lengths, strict=True):
+                layer.groups = [group._replace(length=n) for group, n in zip(layer.groups, kept, strict=True)]
 
     def keep_rows(self, kept: list[int]) -> None:
         """Keep only the batch rows ``kept`` (ascending) in every layer."""

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label, ratio_for
 from evaluation.catalogue.registry import question_position
 from evaluation.catalogue.resolved import resolve_press, resolve_presses
-from evaluation.engine.decoding import decode_batch, eos_ids, generate
+from evaluation.engine.decoding import answer_ids_of, decode_batch_forced, eos_ids, generate
 from evaluation.engine.history import History
 from evaluation.errors import PressCannotRun
 from evaluation.metrics.longbench import sample_score
@@ -78,9 +78,28 @@ def cell_row(
     path: str,
     tokenizer: PreTrainedTokenizerBase,
     attn_implementation: str,
+    likelihood: tuple[float | None, int],
 ) -> LongBenchRow:
-    prediction = tokenizer.decode(generated, skip_special_tokens=True)
+    """A finished cell's row; ``likelihood``: its answer's (``answer_nll``, ``answer_tokens``). A likelihood-only
+    row (``--likelihood-only``) holds no prediction, and its score is its ``answer_nll``."""
     context_tokens = prompt.context_ids.shape[1]
+    if config.likelihood_only:
+        return {
+            **cell_identity(example, press_name, budget, context_tokens),
+            "compression_ratio": ratio_for(budget, context_tokens),
+            "context_tokens": context_tokens,
+            "kept_tokens": kept_tokens,
+            "question_tokens": prompt.question_ids.shape[1],
+            "truncated": prompt.truncated,
+            "query_aware": config.query_aware,
+            "attn_implementation": attn_implementation,
+            "path": path,
+            "answers": example.answers,
+            "score": likelihood[0],
+            "answer_nll": likelihood[0],
+            "answer_tokens": likelihood[1],
+        }
+    prediction = tokenizer.decode(generated, skip_special_tokens=True)
     return {
         **cell_identity(example, press_name, budget, context_tokens),
         "compression_ratio": ratio_for(budget, context_tokens),
@@ -96,7 +115,16 @@ def cell_row(
         "answers": example.answers,
         "all_classes": example.all_classes,
         "score": sample_score(example.task, prediction, example.answers, example.all_classes),
+        "answer_nll": likelihood[0],
+        "answer_tokens": likelihood[1],
     }
+
+
+def gold_answer_ids(tokenizer: PreTrainedTokenizerBase, example: Example, task_config: TaskConfig) -> list[int]:
+    """The first gold answer's tokens, as its likelihood forces them: the answer text alone, without special
+    tokens, cut to the task's official answer length (dataset2maxlen); none for an example without answers."""
+    answer = example.answers[0] if example.answers else None
+    return answer_ids_of(tokenizer, answer, task_config.max_new_tokens)
 
 
 def failed_row(
@@ -110,6 +138,17 @@ def failed_row(
         "error": str(error).splitlines()[0],
         "score": None,
     }
+
+
+def generation_cap(config: LongBenchConfig, task_config: TaskConfig) -> int:
+    """How many tokens a cell generates: the task's official answer length, none for ``--likelihood-only``."""
+    return 0 if config.likelihood_only else task_config.max_new_tokens
+
+
+def check_answer(config: LongBenchConfig, example: Example, answer: list[int]) -> None:
+    """A likelihood-only cell needs an answer to score: an example without one fails (``PressCannotRun``)."""
+    if config.likelihood_only and not answer:
+        raise PressCannotRun(f"{example.task} {example.id} has no gold answer: no likelihood to score")
 
 
 def run_cell(
@@ -130,12 +169,18 @@ def run_cell(
     implementation = "eager" if resolved.reads_weights else config.model.attn_implementation
     model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
+    answer = gold_answer_ids(tokenizer, example, task_config)
+    cap = generation_cap(config, task_config)
     try:
-        generation = generate(model, prompt.context_ids, prompt.question_ids, press, task_config.max_new_tokens, stop)
+        check_answer(config, example, answer)
+        generation = generate(model, prompt.context_ids, prompt.question_ids, press, cap, stop, answer)
     except PressCannotRun as error:
         return failed_row(example, press_name, budget, length, "per-cell", error)
     tokens, kept = generation.token_ids, generation.kept_tokens
-    return cell_row(config, example, prompt, press_name, budget, tokens, kept, "per-cell", tokenizer, implementation)
+    likelihood = (generation.answer_nll, len(answer))
+    return cell_row(
+        config, example, prompt, press_name, budget, tokens, kept, "per-cell", tokenizer, implementation, likelihood
+    )
 
 
 def run_shared(
@@ -151,6 +196,11 @@ def run_shared(
     press's own hook, one batched decode of them all. Every cell's press must be on the shared path."""
     model.set_attn_implementation(config.model.attn_implementation)
     length = prompt.context_ids.shape[1]
+    answer = gold_answer_ids(tokenizer, example, task_config)
+    try:
+        check_answer(config, example, answer)
+    except PressCannotRun as error:
+        return [failed_row(example, press_name, budget, length, "shared", error) for press_name, budget in cells]
     presses = [resolve_press(name).build(ratio_for(budget, length), length) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
@@ -166,13 +216,14 @@ def run_shared(
     for _, _, cache in derived:
         cache.owned = True  # the history is done with: the batch takes over its cache too (the full-cache cell's)
     del history
-    generated = decode_batch(
+    generated, nlls = decode_batch_forced(
         model,
         [cache for _, _, cache in derived],
         prompt.question_ids,
         starts,
-        task_config.max_new_tokens,
+        generation_cap(config, task_config),
         stop_ids(model, tokenizer, example.task),
+        answer,
         first_logits,
         consume=True,
     )
@@ -188,8 +239,9 @@ def run_shared(
             "shared",
             tokenizer,
             config.model.attn_implementation,
+            (nll, len(answer)),
         )
-        for (press_name, budget, cache), tokens in zip(derived, generated, strict=True)
+        for (press_name, budget, cache), tokens, nll in zip(derived, generated, nlls, strict=True)
     ]
 
 

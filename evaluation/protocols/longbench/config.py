@@ -25,3 +25,4 @@ class LongBenchConfig:
     max_length: int | None = field(default=None, metadata=DEFINING)
     path: str = "shared"
     allow_import: bool = False  # import the press specs' import paths (--allow-import)
+    likelihood_only: bool = field(default=False, metadata=DEFINING)  # the answer's likelihood alone, no generation

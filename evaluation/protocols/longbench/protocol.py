@@ -38,6 +38,8 @@ class LongBenchRow(Row):
     prediction: NotRequired[str]
     answers: NotRequired[list[str]]
     all_classes: NotRequired[list[str] | None]
+    answer_nll: NotRequired[float | None]  # the first gold answer's mean negative log-likelihood per token (nats)
+    answer_tokens: NotRequired[int]  # its tokens, cut to the task's answer length
 
 
 def conditions(row: LongBenchRow) -> list[str]:
@@ -81,6 +83,16 @@ class LongBench(Protocol[LongBenchConfig]):
             "batch; per-cell: the reference, KVPress's prefill under the press once per cell",
         )
 
+        parser.add_argument(
+            "--likelihood-only",
+            action="store_true",
+            help="score only the first gold answer's likelihood under each cache, no generation: each row's score is "
+            "its answer_nll (mean nats per token, lower is better); a run of its own (--output)",
+        )
+
+    def record_defaults(self) -> dict:
+        return {**super().record_defaults(), "likelihood_only": False}  # what older runs did not record
+
     def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> LongBenchConfig:
         ratios = DEFAULT_RATIOS if args.ratios is None and args.budgets is None else args.ratios
         return LongBenchConfig(
@@ -95,6 +107,7 @@ class LongBench(Protocol[LongBenchConfig]):
             max_length=args.max_length,
             path=args.path,
             allow_import=args.allow_import,
+            likelihood_only=args.likelihood_only,
         )
 
     def row_key(self, row: LongBenchRow) -> tuple[str, str, str, str]:

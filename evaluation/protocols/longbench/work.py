@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import pandas as pd
@@ -77,7 +78,9 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
         f"prefills: {times(bool(shared) + alone)} ({count} shared by {len(shared)} cells each, "
         f"{times(alone)} per cell)",
         f"decodes: {times(len(grid))} ({count} batches of {len(shared)} caches, {times(alone)} alone)"
-        + (f", at most {answer_tokens * len(grid)} answer tokens" if answer_tokens is not None else ""),
+        + (f", at most {answer_tokens * len(grid)} answer tokens" if answer_tokens is not None else "")
+        if not config.likelihood_only
+        else "decodes: none (--likelihood-only: each cell's gold answer forced in one forward)",
     ]
     fetched += [what_loading_fetches(config.model.name)]
     lines += [f"a real run first fetches: {item}" for item in fetched if item] or ["everything it reads is local"]
@@ -118,13 +121,21 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
     output = config.output
     data_dir = resolve_data_dir(config.data_dir, config.tasks)
     task_configs = load_configs(data_dir, config.tasks)
-    summary = with_average(summarize(scores_frame(protocol.benchmark, rows), REFERENCE))
+    benchmark = replace(protocol.benchmark, scale=1, digits=3) if config.likelihood_only else protocol.benchmark
+    summary = with_average(summarize(scores_frame(benchmark, rows), REFERENCE))
     note = (
         "The official task score (100 x mean); each cell: mean [95% bootstrap interval over examples] (n). "
         "The full cache is repeated on every budget row; with several tasks, `average` is the mean of the "
         "task scores."
     )
+    if config.likelihood_only:
+        note = (
+            "Likelihood only: the first gold answer's mean negative log-likelihood per token (nats), lower is "
+            "better, so a 'win' below is a higher NLL (a loss of likelihood) and a 'loss' a lower one; each cell: "
+            "mean [95% bootstrap interval over examples] (n). The full cache is repeated on every budget row; with "
+            "several tasks, `average` is the mean of the task means."
+        )
     labels = [b.label for b in config.budgets]
     caps = {task: task_config.max_new_tokens for task, task_config in task_configs.items()}
-    appendix = degeneracy_lines(rows, caps)
+    appendix = [] if config.likelihood_only else degeneracy_lines(rows, caps)
     write_card(output, summary, f"LongBench: {output.name}", note, REFERENCE, config.presses, labels, appendix)

@@ -36,6 +36,19 @@ class Probe:
     gold: tuple[int, int]  # the facts the answer chains, in chain order: (the person's home, the city's flag)
 
 
+def gold_answer(probe: Probe, reasoning: bool) -> str:
+    """The probe's gold answer in the worked example's form: with ``reasoning`` the chain then the colour
+    (``EXAMPLE_REASONING``), without it the colour alone (``EXAMPLE_ANSWER``)."""
+    if not reasoning:
+        return f"{probe.answer}."
+    asked = ASKED.match(probe.question)
+    person = asked[1] if asked else ""
+    return (
+        f"{person} lives in {probe.bridge}. The flag of {probe.bridge} is {probe.answer}. "
+        f"So the answer is {probe.answer}."
+    )
+
+
 def probes(seed: int, count: int) -> list[Probe]:
     """``count`` probes, deterministic in ``seed``."""
     if count < 1:

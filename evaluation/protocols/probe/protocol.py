@@ -22,6 +22,8 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing_extensions import NotRequired
+
 from evaluation.protocols.options import whole
 from evaluation.protocols.probe.facts import FACTS
 from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, Row, register
@@ -65,6 +67,8 @@ class ProbeRow(Row):
     mean_confidence: float | None
     gold_ranks: list[int]
     prediction: str
+    answer_nll: NotRequired[float | None]  # the gold answer's mean negative log-likelihood per token (nats)
+    gold_answer_tokens: NotRequired[int]  # its tokens, cut to --max-new-tokens
 
 
 def row_key(row: ProbeRow) -> tuple[int, str, str]:

@@ -8,11 +8,11 @@ import torch
 from kvpress import ObservedAttentionPress, SnapKVPress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.engine.decoding import decode, eos_ids
+from evaluation.engine.decoding import answer_ids_of, decode, eos_ids, force
 from evaluation.engine.history import History
 from evaluation.engine.hooks import cache_of
 from evaluation.errors import EvaluationError
-from evaluation.protocols.probe.facts import FACTS, Probe, probes
+from evaluation.protocols.probe.facts import FACTS, Probe, gold_answer, probes
 from evaluation.protocols.probe.prompt import final_answer, prompt_ids
 from evaluation.protocols.probe.protocol import (
     BENCHMARK,
@@ -50,6 +50,16 @@ def answer(model: PreTrainedModel, history, stop_ids: set[int], max_new_tokens: 
     return ids, probabilities[: len(ids)]
 
 
+def answer_likelihood(model: PreTrainedModel, history, answer_ids: list[int]) -> float | None:
+    """The gold answer's mean negative log-likelihood per token, teacher-forced right after the history's prompt
+    where the model's answer starts, over a copy of its (full) cache, as ``answer`` decodes from one."""
+    if not answer_ids:
+        return None
+    cache = cache_of([(layer.keys.clone(), layer.values.clone()) for layer in history.cache.layers])
+    empty = torch.empty(1, 0, dtype=torch.long)
+    return force(model, cache, empty, history.length, answer_ids, history.newest_logits)
+
+
 def answer_weights(prompt: int, length: int, weights: list[float]) -> torch.Tensor:
     """Per position of a history of ``length``: ``weights`` on the rows that predict the answer's tokens (the
     prompt's last row onwards), 0 before."""
@@ -77,6 +87,8 @@ def probe_rows(
     placeholder = scorers(torch.ones(1), torch.ones(1))
     history = History(model, frozenset(), placeholder.values())
     history.extend(ids, "prompt")
+    gold = answer_ids_of(tokenizer, gold_answer(probe, config.reasoning), config.max_new_tokens)
+    likelihood = answer_likelihood(model, history, gold)
     generated, probabilities = answer(model, history, eos_ids(model), config.max_new_tokens)
     history.extend(generated, "answer")
     prediction = tokenizer.decode(generated, skip_special_tokens=True).strip()
@@ -107,6 +119,8 @@ def probe_rows(
             score = float(both_in_top(ranks, k))
             rows.append({**common, "press": name, "budget": label, "budget_label": label, "score": score})
             rows[-1].update(gold_ranks=ranks, prediction=order)
+            # the gold answer's likelihood (``answer_tokens`` already counts the model's own answer)
+            rows[-1].update(answer_nll=likelihood, gold_answer_tokens=len(gold))
     return rows
 
 

@@ -38,6 +38,7 @@ class StreamConfig:
     max_new_tokens: int = field(metadata=DEFINING)
     settings: StreamSettings  # the task's own, its results-defining fields marked in their metadata
     allow_import: bool = False  # import the press specs' import paths (--allow-import)
+    likelihood_only: bool = field(default=False, metadata=DEFINING)  # the answer's likelihood alone, no generation
 
     @property
     def placement(self) -> str:

@@ -20,7 +20,7 @@ from evaluation.catalogue.budgets import (
 )
 from evaluation.catalogue.registry import SHARED, question_position
 from evaluation.catalogue.resolved import resolve_press, resolve_presses
-from evaluation.engine.decoding import decode_batch, eos_ids, generate
+from evaluation.engine.decoding import answer_ids_of, decode_batch_forced, eos_ids, generate
 from evaluation.engine.history import History
 from evaluation.engine.retention import answer_spans, retention
 from evaluation.errors import EvaluationError, PressCannotRun
@@ -216,16 +216,24 @@ class ConversationRun:
             )
             held = {i: retention(history.cache, cache, spans) for i, cache in caches.items()}
         asked = torch.tensor([question_ids])
-        generated = decode_batch(
+        answer = self.answer_ids(question)
+        cap = 0 if self.config.likelihood_only else self.config.max_new_tokens  # likelihood only: no generation
+        if self.config.likelihood_only and not answer:
+            error = PressCannotRun(f"question {question.index} has no gold answer: no likelihood to score")
+            refused |= dict.fromkeys(range(len(cells)), error)
+            caches, starts = {}, {}
+        generated, forced = decode_batch_forced(
             self.model,
             list(caches.values()),
             asked,
             list(starts.values()),
-            self.config.max_new_tokens,
+            cap,
             self.stop,
+            answer,
             consume=True,
         )
         tokens = dict(zip(caches, generated, strict=True))
+        nlls = dict(zip(caches, forced, strict=True))
         kept = {i: cache.kept_tokens for i, cache in caches.items()}
         paths = {i: SHARED if i in caches else press.needs.path for i, press in enumerate(resolved)}
         context = torch.tensor([history.token_ids], device=self.model.device)
@@ -234,8 +242,8 @@ class ConversationRun:
             if resolved[i].reads_weights:
                 self.model.set_attn_implementation("eager")
             try:
-                generation = generate(self.model, context, asked, presses[i], self.config.max_new_tokens, self.stop)
-                tokens[i], kept[i] = generation.token_ids, generation.kept_tokens
+                generation = generate(self.model, context, asked, presses[i], cap, self.stop, answer)
+                tokens[i], kept[i], nlls[i] = generation.token_ids, generation.kept_tokens, generation.answer_nll
             except PressCannotRun as error:
                 refused[i] = error
             finally:
@@ -249,7 +257,18 @@ class ConversationRun:
         if self.task.retention:  # unknown (None) for a press on its own prefill
             for i, row in enumerate(rows):
                 row["retention"] = held.get(i)
+        for i, row in enumerate(rows):
+            if i not in refused:
+                row["answer_nll"], row["answer_tokens"] = nlls[i], len(answer)
+                if self.config.likelihood_only:  # no prediction: the row's score is its answer's likelihood
+                    del row["prediction"], row["scored_prediction"]
+                    row["score"] = nlls[i]
         return rows
+
+    def answer_ids(self, question: Question) -> list[int]:
+        """The gold answer's tokens, as its likelihood forces them: the answer the task scores against
+        (``gold_answer``), its text alone without special tokens, cut to the answer limit (``--max-new-tokens``)."""
+        return answer_ids_of(self.tokenizer, self.task.gold_answer(question), self.config.max_new_tokens)
 
     def failed_row(
         self, question: Question, cell: Cell, turn: int, visible: bool, history_tokens: int, error: PressCannotRun

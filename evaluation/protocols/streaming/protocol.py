@@ -40,6 +40,8 @@ class QuestionRow(Row):
     prediction: NotRequired[str]
     scored_prediction: NotRequired[str]
     retention: NotRequired[float | None]
+    answer_nll: NotRequired[float | None]  # the gold answer's mean negative log-likelihood per token (nats)
+    answer_tokens: NotRequired[int]  # its tokens, cut to the answer limit
 
 
 def row_key(row: QuestionRow) -> tuple[str, int, str, str]:
@@ -85,6 +87,12 @@ class Streamed(Protocol[StreamConfig]):
             help="questions per conversation, the first asked: in file order, or in stream order for the evidence "
             "placement (default all)",
         )
+        parser.add_argument(
+            "--likelihood-only",
+            action="store_true",
+            help="score only the gold answer's likelihood under each cache, no generation (gold history): each "
+            "row's score is its answer_nll (mean nats per token, lower is better); a run of its own (--output)",
+        )
         task.add_options(parser)
 
     def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> StreamConfig:
@@ -100,10 +108,12 @@ class Streamed(Protocol[StreamConfig]):
             max_new_tokens=args.max_new_tokens,
             settings=self.task.settings(args),
             allow_import=args.allow_import,
+            likelihood_only=args.likelihood_only,
         )
 
     def record_defaults(self) -> dict:
-        return {**ModelSettings().record(), "task": "locomo", "episodes": {}}  # what older runs did not record
+        # what older runs did not record
+        return {**ModelSettings().record(), "task": "locomo", "episodes": {}, "likelihood_only": False}
 
     def row_key(self, row: QuestionRow) -> tuple[str, int, str, str]:
         return row_key(row)

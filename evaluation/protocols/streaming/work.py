@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import pandas as pd
@@ -58,6 +59,8 @@ def checked_cells(config: StreamConfig, dry_run: bool = False) -> list[Cell]:
         raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if config.placement == "evidence" and config.history != "gold":
         raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
+    if config.likelihood_only and config.history != "gold":
+        raise EvaluationError("--likelihood-only generates no answers for the history: use --history gold")
     return press_cells(presses, config.budgets, "--budgets")
 
 
@@ -115,7 +118,9 @@ def plan_lines(protocol: Streamed, config: StreamConfig, cells: list[Cell]) -> l
         "evidence placement's restarts when the context is full); a press on its own prefill re-prefills the "
         "history before each of its questions",
         f"decodes: {questions * len(cells)}, in {questions * histories // len(conversations)} batches, at most "
-        f"{config.max_new_tokens} tokens each",
+        f"{config.max_new_tokens} tokens each"
+        if not config.likelihood_only
+        else "decodes: none (--likelihood-only: each question's gold answer forced in one forward per batch)",
     ]
     if config.placement == "file":
         lines.append(file_visibility(protocol, config, conversations))
@@ -166,7 +171,8 @@ def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) 
     if not rows:
         return
     task, output = protocol.task, config.output
-    frame = scores_frame(task.benchmark, rows)
+    benchmark = replace(task.benchmark, scale=1, digits=3) if config.likelihood_only else task.benchmark
+    frame = scores_frame(benchmark, rows)
     if task.retention:
         measured = [{**row, "score": row["retention"]} for row in rows if row.get("retention") is not None]
         frame = pd.concat([frame, scores_frame(task.benchmark, measured, RETAINED)], ignore_index=True)
@@ -177,12 +183,18 @@ def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) 
         return (plain != name) * (len(order) + 1) + (order.index(plain) if plain in order else len(order))
 
     frame = frame.sort_values("condition", key=lambda c: c.map(rank), kind="stable")
+    metric = task.metric
+    if config.likelihood_only:
+        metric = (
+            "Likelihood only: the gold answer's mean negative log-likelihood per token (nats), lower is better, so "
+            "a 'win' below is a higher NLL (a loss of likelihood) and a 'loss' a lower one"
+        )
     note = (
-        f"{task.metric}, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean "
+        f"{metric}, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean "
         f"[95% bootstrap interval over questions] (n){task.caveat}."
     )
     labels = [b.label for b in config.budgets]
     summary = summarize(frame, REFERENCE)
     title = f"{task.benchmark.name} streaming: {output.name}"
-    contrasts = contrast_table(task.benchmark, rows)
+    contrasts = contrast_table(benchmark, rows)
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, contrasts=contrasts)
