@@ -224,3 +224,10 @@ def make_press(
     """A fresh press of ``spec`` (``ResolvedPress.build``): for a caller that holds a spec, not a run's presses;
     ``allow_import`` allows its import paths."""
     return _resolved(spec, allow_import, dry_run=False).build(compression_ratio, length)
+
+
+def commit_lag_of(spec: str) -> int | None:
+    """The commit lag of the ``RMMPress`` a row's press label names, for a scorecard; None for a label that names an
+    import path, which a scorecard never imports (it would run the module), in a run's own scorecard as in any
+    other."""
+    return None if import_paths(plan_spec(spec)) else resolve_press(spec).commit_lag

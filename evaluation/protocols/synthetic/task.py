@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from evaluation.catalogue.specs import DEFAULT_PRESSES, import_paths, plan_spec
+from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.errors import EvaluationError
 from evaluation.protocols.locomo.render import header, render_session
 from evaluation.protocols.options import whole
@@ -159,11 +159,10 @@ def reuse_fields(conversation: Conversation, question: Question, tokenizer: PreT
 
 
 def spec_lag(spec: str) -> int | None:
-    """The commit lag of a press spec's ``RMMPress`` (``ResolvedPress.commit_lag``); None for a spec that names an
-    import path, which a scorecard does not import (it runs the module), in a run's own scorecard as in any other."""
-    from evaluation.catalogue.resolved import resolve_press  # imports KVPress: not at the command line's start
+    """The commit lag of a press spec's ``RMMPress`` (``catalogue.resolved.commit_lag_of``)."""
+    from evaluation.catalogue.resolved import commit_lag_of  # imports KVPress: not at the command line's start
 
-    return None if import_paths(plan_spec(spec)) else resolve_press(spec).commit_lag
+    return commit_lag_of(spec)
 
 
 def reuse_conditions(row: dict) -> list[str]:
