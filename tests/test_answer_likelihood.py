@@ -179,6 +179,7 @@ STREAMED = (
     "decoding(knorm,compression_interval=2)",
     "adakv(snapkv(window_size=4))",  # keys masked in the batch
     "pyramidkv(window_size=4)",  # a length per layer
+    "--allow-import",
 )
 
 
