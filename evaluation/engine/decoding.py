@@ -28,6 +28,24 @@ class Generation:
 
 
 @torch.no_grad()
+def appended_question(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    question_ids: torch.Tensor,
+    position: int,
+    first_logits: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, int]:
+    """The question appended to ``cache`` from ``position``: its last logits and the next position (the cache's
+    ``first_logits`` and ``position`` as they are when there is no question)."""
+    if not question_ids.shape[1]:
+        return first_logits, position
+    positions = torch.arange(position, position + question_ids.shape[1], device=model.device).unsqueeze(0)
+    outputs = model(
+        input_ids=question_ids.to(model.device), past_key_values=cache, position_ids=positions, logits_to_keep=1
+    )
+    return outputs.logits, position + question_ids.shape[1]
+
+
 def decode(
     model: PreTrainedModel,
     cache: DynamicCache,
@@ -45,13 +63,7 @@ def decode(
     (vocab,) each token is chosen from, in order.
     """
     device = model.device
-    logits = first_logits
-    if question_ids.shape[1]:
-        positions = torch.arange(position, position + question_ids.shape[1], device=device).unsqueeze(0)
-        outputs = model(
-            input_ids=question_ids.to(device), past_key_values=cache, position_ids=positions, logits_to_keep=1
-        )
-        logits, position = outputs.logits, position + question_ids.shape[1]
+    logits, position = appended_question(model, cache, question_ids, position, first_logits)
     generated: list[int] = []
     going = max_new_tokens > 0
     while going:
@@ -171,13 +183,7 @@ def force(
     if not stepwise:
         positions = torch.arange(position, position + question_ids.shape[1] + len(answer_ids) - 1, device=device)
         return forced_nlls(model, cache, question_ids.to(device), positions[None], answer_ids, first_logits)[0]
-    logits = first_logits
-    if question_ids.shape[1]:
-        positions = torch.arange(position, position + question_ids.shape[1], device=device).unsqueeze(0)
-        outputs = model(
-            input_ids=question_ids.to(device), past_key_values=cache, position_ids=positions, logits_to_keep=1
-        )
-        logits, position = outputs.logits, position + question_ids.shape[1]
+    logits, position = appended_question(model, cache, question_ids, position, first_logits)
     predicted = [logits[0, -1]]
     for token in answer_ids[:-1]:
         logits = model(

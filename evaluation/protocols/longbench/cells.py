@@ -83,24 +83,7 @@ def cell_row(
     """A finished cell's row; ``likelihood``: its answer's (``answer_nll``, ``answer_tokens``). A likelihood-only
     row (``--likelihood-only``) holds no prediction, and its score is its ``answer_nll``."""
     context_tokens = prompt.context_ids.shape[1]
-    if config.likelihood_only:
-        return {
-            **cell_identity(example, press_name, budget, context_tokens),
-            "compression_ratio": ratio_for(budget, context_tokens),
-            "context_tokens": context_tokens,
-            "kept_tokens": kept_tokens,
-            "question_tokens": prompt.question_ids.shape[1],
-            "truncated": prompt.truncated,
-            "query_aware": config.query_aware,
-            "attn_implementation": attn_implementation,
-            "path": path,
-            "answers": example.answers,
-            "score": likelihood[0],
-            "answer_nll": likelihood[0],
-            "answer_tokens": likelihood[1],
-        }
-    prediction = tokenizer.decode(generated, skip_special_tokens=True)
-    return {
+    row: LongBenchRow = {
         **cell_identity(example, press_name, budget, context_tokens),
         "compression_ratio": ratio_for(budget, context_tokens),
         "context_tokens": context_tokens,
@@ -110,14 +93,22 @@ def cell_row(
         "query_aware": config.query_aware,
         "attn_implementation": attn_implementation,
         "path": path,
+    }
+    if config.likelihood_only:
+        return {**row, "answers": example.answers, "score": likelihood[0]} | nll_fields(likelihood)
+    prediction = tokenizer.decode(generated, skip_special_tokens=True)
+    return {
+        **row,
         "generated_tokens": len(generated),
         "prediction": prediction,
         "answers": example.answers,
         "all_classes": example.all_classes,
         "score": sample_score(example.task, prediction, example.answers, example.all_classes),
-        "answer_nll": likelihood[0],
-        "answer_tokens": likelihood[1],
-    }
+    } | nll_fields(likelihood)
+
+
+def nll_fields(likelihood: tuple[float | None, int]) -> dict:
+    return {"answer_nll": likelihood[0], "answer_tokens": likelihood[1]}
 
 
 def gold_answer_ids(tokenizer: PreTrainedTokenizerBase, example: Example, task_config: TaskConfig) -> list[int]:
