@@ -108,6 +108,17 @@ def test_rescoring_command(tmp_path, capsys):
     }
 
 
+def test_rescoring_a_committed_run_scores_what_the_run_scored(capsys):
+    """``score locomo`` on the committed run: every row's score equals the run's own, the adversarial letter
+    answers (scored as their option's text, ``scored_prediction``) included."""
+    path = Path(__file__).resolve().parents[1] / "results" / "locomo" / "smollm2-135m" / "predictions.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert any(row["prediction"] != row["scored_prediction"] for row in rows), "rows where the two differ"
+    assert main(["score", "locomo", str(path), "--per-row"]) == 0
+    rescored = json.loads(capsys.readouterr().out)["rows"]
+    assert rescored == pytest.approx([row["score"] for row in rows], abs=1e-12)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return saved_chat_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", context=4096)

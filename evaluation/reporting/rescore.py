@@ -34,6 +34,7 @@ def is_answer(value: object) -> bool:
 TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "task": (is_text, "text: a LongBench task's name"),
     "prediction": (is_text, 'text: the model\'s answer ("" for none)'),
+    "scored_prediction": (is_text, "text: the answer as the run scored it"),
     "answers": (is_texts, "a list of strings: the gold answers"),
     "all_classes": (lambda value: value is None or is_texts(value), "a list of strings or null"),
     "answer": (is_answer, "a string or a number: the gold answer"),
@@ -42,7 +43,9 @@ TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
 
 def rescore(benchmark: str, path: Path, per_row: bool) -> dict:
     """LongBench: the official task score (100 x mean, 2 decimals) per task; LoCoMo: the mean F1 per category
-    and overall. ``per_row`` adds every line's score in file order."""
+    and overall, of each line's ``scored_prediction`` where a run wrote one (an adversarial letter answer as its
+    option's text, which only the run's rendered options tell), else its ``prediction``. ``per_row`` adds every
+    line's score in file order."""
     numbered = numbered_rows(path)
     missing = [column for column in COLUMNS[benchmark] if not any(column in row for _, row in numbered)]
     if not numbered or missing:
@@ -63,9 +66,10 @@ def rescore(benchmark: str, path: Path, per_row: bool) -> dict:
     else:
         frame = pd.DataFrame({"category": [category_of(path, line, row.get("category")) for line, row in numbered]})
         for (line, row), category in zip(numbered, frame["category"], strict=True):
-            checked(path, line, row, ("prediction",) if category == ABSTENTION else ("prediction", "answer"))
+            given = (*(["scored_prediction"] if "scored_prediction" in row else []), "prediction")
+            checked(path, line, row, given if category == ABSTENTION else (*given, "answer"))
         frame["score"] = [
-            scored(path, line, score, category, row["prediction"], row.get("answer"))
+            scored(path, line, score, category, row.get("scored_prediction", row["prediction"]), row.get("answer"))
             for (line, row), category in zip(numbered, frame["category"], strict=True)
         ]
         result = {str(key): value for key, value in frame.groupby("category")["score"].mean().items()}
