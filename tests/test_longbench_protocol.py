@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -219,16 +220,15 @@ def test_a_malformed_jsonl_line_is_reported_with_its_file(model_dir, data_dir, t
     assert f"{path}: not a readable JSON file" in capsys.readouterr().err
 
 
-def test_no_data_dir_and_no_hub_says_what_to_pass(tmp_path, capsys, monkeypatch):
+def test_no_data_dir_and_no_hub_says_what_to_pass(tmp_path, capsys, monkeypatch, no_shared_data):
     def unreachable(*_: object) -> None:
         raise ConnectionError("no network")
 
-    monkeypatch.delenv("LONGBENCH_DIR", raising=False)
     monkeypatch.setattr("evaluation.protocols.longbench.data.parquet_rows", unreachable)
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
     assert main(["longbench", "--output", str(tmp_path / "out"), "--n", "1"]) == 2
     error = capsys.readouterr().err
-    assert "no LongBench data: no --data or LONGBENCH_DIR was given, and downloading THUDM/LongBench" in error
+    assert "no LongBench data: no --data, KVET_SHARED_DATA or shared/data was found, and downloading THUDM" in error
     assert "ConnectionError: no network" in error and "Pass --data " in error
 
 
@@ -260,3 +260,41 @@ def test_a_run_into_a_log_writes_no_progress_redraws(model_dir, data_dir, tmp_pa
     output = log.stdout + log.stderr
     assert "\r" not in output and "Loading weights" not in output
     assert len(output.splitlines()) <= 10, output
+
+
+def test_one_data_rule_data_then_the_variable_then_shared_data_then_the_hub(tmp_path, monkeypatch):
+    """``--data`` first, then ``$KVET_SHARED_DATA``, then ``shared/data`` inside, then beside the checkout, then
+    the hub (None), for LongBench's folder and LoCoMo's file alike; a variable that holds neither is an error."""
+    from evaluation.errors import EvaluationError
+    from evaluation.protocols.locomo.data import local_path
+    from evaluation.protocols.longbench.data import local_data_dir
+    from evaluation.runs.data_location import located
+
+    checkout = tmp_path / "checkout"
+    monkeypatch.setattr("evaluation.runs.data_location.CHECKOUT", checkout)
+    monkeypatch.delenv("KVET_SHARED_DATA", raising=False)
+    monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
+    places = {name: tmp_path / name / "data" for name in ("given", "variable")}
+    places |= {"inside": checkout / "shared" / "data", "beside": tmp_path / "shared" / "data"}
+    for root in places.values():
+        (root / "longbench" / "config").mkdir(parents=True)
+        for name in ("dataset2prompt.json", "dataset2maxlen.json"):
+            (root / "longbench" / "config" / name).write_text("{}")
+        (root / "locomo").mkdir()
+        (root / "locomo" / "locomo10.json").write_text("[]")
+
+    def found() -> tuple[Path | None, Path | None]:
+        return local_data_dir(None, ["hotpotqa"]), local_path(None)
+
+    assert local_data_dir(str(places["given"] / "longbench"), []) == places["given"] / "longbench"
+    monkeypatch.setenv("KVET_SHARED_DATA", str(places["variable"]))
+    assert found() == (places["variable"] / "longbench", places["variable"] / "locomo" / "locomo10.json")
+    monkeypatch.setenv("KVET_SHARED_DATA", str(tmp_path / "empty"))
+    with pytest.raises(EvaluationError, match=r"KVET_SHARED_DATA=.*empty holds no longbench: pass --data"):
+        located(None, "longbench")
+    monkeypatch.delenv("KVET_SHARED_DATA")
+    assert found() == (places["inside"] / "longbench", places["inside"] / "locomo" / "locomo10.json")
+    shutil.rmtree(places["inside"])
+    assert found() == (places["beside"] / "longbench", places["beside"] / "locomo" / "locomo10.json")
+    shutil.rmtree(places["beside"])
+    assert found() == (None, None), "the hub"

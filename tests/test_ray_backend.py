@@ -18,7 +18,7 @@ from tests.helpers import saved_chat_model, tiny_model
 from tests.test_locomo_protocol import CONVERSATION
 from tests.test_longbench_protocol import write_task
 
-ray = pytest.importorskip("ray", reason="the Ray backend needs the optional extra: pip install .[ray]")
+ray = pytest.importorskip("ray", reason="the Ray backend needs the optional extra: pip install -e '.[ray]'")
 PROMPTS = {"hotpotqa": "Read the passages.\n\n{context}\n\nQuestion: {input}\nAnswer:"}
 
 

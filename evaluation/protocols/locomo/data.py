@@ -1,17 +1,18 @@
-"""LoCoMo conversations (``locomo10.json``): from ``--data`` / ``LOCOMO_PATH``, or with the network the
+"""LoCoMo conversations (``locomo10.json``): from ``--data``, else ``locomo/locomo10.json`` of the shared data
+(``evaluation.runs.data_location``), or with the network the
 official file of the snap-research/locomo repository, downloaded once, checked and cached."""
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
 import re
 import urllib.request
 from pathlib import Path
 
 from evaluation.errors import EvaluationError
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session, Turn
+from evaluation.runs.data_location import located
 from evaluation.runs.files import write_atomically
 from evaluation.runs.json_rows import json_kind, load_json_rows, text_list_kind
 from evaluation.runs.models import cache_root
@@ -21,13 +22,13 @@ LOCOMO_SHA256 = "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff
 
 
 def local_path(path: str | None) -> Path | None:
-    """The file a run reads without the network: the one given, else ``$LOCOMO_PATH``, else the cached official
-    download; None when a run would download it."""
-    given = path or os.environ.get("LOCOMO_PATH")
+    """The file a run reads without the network: the one given, else ``locomo/locomo10.json`` of the shared data
+    (``data_location.located``), else the cached official download; None when a run would download it."""
+    given = located(path, "locomo/locomo10.json")
     if given is not None:
-        if not Path(given).is_file():
+        if not given.is_file():
             raise EvaluationError(f"LoCoMo data file {given} not found: pass --data PATH/TO/locomo10.json")
-        return Path(given)
+        return given
     target = cache_root() / "data" / "locomo" / "locomo10.json"
     return target if target.is_file() else None
 
@@ -43,7 +44,8 @@ def resolve_path(path: str | None) -> Path:
             payload = response.read()
     except OSError as error:
         raise EvaluationError(
-            f"no LoCoMo data: no --data or LOCOMO_PATH was given, and downloading {LOCOMO_URL} failed ({error}). "
+            f"no LoCoMo data: no --data, KVET_SHARED_DATA or shared/data was found, and downloading {LOCOMO_URL} "
+            f"failed ({error}). "
             "Pass --data PATH/TO/locomo10.json."
         ) from error
     if hashlib.sha256(payload).hexdigest() != LOCOMO_SHA256:

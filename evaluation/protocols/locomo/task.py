@@ -73,7 +73,7 @@ def locomo_scored(conversation: Conversation, question: Question, prediction: st
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", help="locomo10.json (default $LOCOMO_PATH, else the official download)")
+    parser.add_argument("--data", help="locomo10.json (default: locomo/ of the shared data, else the download)")
     parser.add_argument("--conversations", nargs="+", help="sample ids such as conv-26 (default: all)")
     parser.add_argument(
         "--placement",

@@ -1,12 +1,12 @@
 """LongBench v1 data in the official layout: ``<task>.jsonl`` plus ``config/dataset2prompt.json`` and
-``config/dataset2maxlen.json``. From a folder (``--data`` or ``LONGBENCH_DIR``), or with the network from the
+``config/dataset2maxlen.json``. From a folder (``--data``, else ``longbench/`` of the shared data:
+``evaluation.runs.data_location``), or with the network from the
 hub's parquet copy of ``THUDM/LongBench`` (the official rows, converted by the hub) and the configs of the
 official repository, downloaded once per task into that layout and cached."""
 
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +14,7 @@ from string import Formatter
 
 from evaluation.errors import EvaluationError
 from evaluation.metrics.longbench import TASK_METRICS
+from evaluation.runs.data_location import located
 from evaluation.runs.files import write_atomically
 from evaluation.runs.json_rows import json_kind, load_json_rows, parse_json, text_list_kind
 from evaluation.runs.models import cache_root
@@ -55,14 +56,14 @@ def resolve_data_dir(data_dir: str | None, tasks: list[str]) -> Path:
 
 
 def local_data_dir(data_dir: str | None, tasks: list[str]) -> Path | None:
-    """The folder a run reads without the network: the one given, else ``$LONGBENCH_DIR``, else the cache when it
-    holds ``tasks`` and the configs; None when a run would download them."""
-    given = data_dir or os.environ.get("LONGBENCH_DIR")
-    if given is None:
+    """The folder a run reads without the network: the one given, else ``longbench/`` of the shared data
+    (``data_location.located``), else the cache when it holds ``tasks`` and the configs; None when a run would
+    download them."""
+    path = located(data_dir, "longbench")
+    if path is None:
         target = cache_root() / "data" / "longbench"
         needed = [target / f"{task}.jsonl" for task in tasks] + [target / "config" / name for name in CONFIG_FILES]
         return target if all(path.is_file() for path in needed) else None
-    path = Path(given)
     if not (path / "config" / CONFIG_FILES[0]).is_file() or not (path / "config" / CONFIG_FILES[1]).is_file():
         raise EvaluationError(f"LongBench data dir {path} is missing or incomplete: pass --data {LAYOUT}.")
     return path
@@ -87,8 +88,8 @@ def download(tasks: list[str]) -> Path:
                     write_atomically(target / "config" / name, response.read())
     except Exception as error:
         raise EvaluationError(
-            f"no LongBench data: no --data or LONGBENCH_DIR was given, and downloading {HUB_DATASET} failed "
-            f"({type(error).__name__}: {error}). Pass --data {LAYOUT}."
+            f"no LongBench data: no --data, KVET_SHARED_DATA or shared/data was found, and downloading {HUB_DATASET} "
+            f"failed ({type(error).__name__}: {error}). Pass --data {LAYOUT}."
         ) from error
     return target
 

@@ -61,7 +61,7 @@ class LongBench(Protocol[LongBenchConfig]):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--data", help="folder with <task>.jsonl and config/ (default $LONGBENCH_DIR, else the hub)"
+            "--data", help="folder with <task>.jsonl and config/ (default: longbench/ of the shared data, else the hub)"
         )
         parser.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, help="LongBench v1 English tasks")
         parser.add_argument("--ratios", nargs="*", type=fraction, help=f"fractions evicted (default {DEFAULT_RATIOS})")

@@ -81,7 +81,8 @@ class Traces(Protocol[TracesConfig]):
             "--data",
             type=Path,
             default=shared_data(),
-            help="folder holding longbench/ and locomo/ (default $KVET_SHARED_DATA, else shared/data)",
+            help="folder holding longbench/ and locomo/ (default $KVET_SHARED_DATA, else shared/data in or beside "
+            "the checkout)",
         )
         parser.add_argument(
             "--texts",
