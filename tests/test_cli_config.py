@@ -166,3 +166,45 @@ def test_a_dry_run_with_local_data_counts_the_work_and_says_everything_is_local(
     assert "everything it reads is local" in out
     root, attempts = offline_machine
     assert attempts == [] and [path for path in root.rglob("*") if path.is_file()] == []
+
+
+KVPRESS_CONFIG = Path(__file__).resolve().parent / "data" / "kvpress_evaluate_config.yaml"  # KVPress's, as shipped
+
+
+def test_kvpress_shipped_evaluate_config_runs_as_is(offline_machine, capsys):
+    """KVPress's ``evaluation/evaluate_config.yaml``: its model, press, ratio and model_kwargs become options; each
+    key with no meaning here is at KVPress's default, noted on one line."""
+    assert main(["longbench", "--config", str(KVPRESS_CONFIG), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "model meta-llama/Meta-Llama-3.1-8B-Instruct (auto, sdpa, cpu)" in captured.out
+    assert "  knorm @ keep 50%" in captured.out
+    notes = captured.err.splitlines()
+    assert all(line.startswith(f"note: --config {KVPRESS_CONFIG}: ") for line in notes)
+    assert any("dataset 'ruler' (data_dir '4096' with it) is KVPress's default" in line for line in notes)
+    assert any("fraction: 1.0, KVPress's default, has no meaning here" in line for line in notes)
+
+
+@pytest.mark.parametrize(
+    ("lines", "refusal"),
+    [
+        ("fraction: 0.25", "fraction: 0.25 cannot be honoured (the protocol's options choose the examples"),
+        ("fp8: true", "fp8: True cannot be honoured (FP8 quantization is not offered); leave it out or at"),
+        ("threshold: 0.1", "threshold: 0.1 cannot be honoured (DMSPress's threshold sets no budget"),
+        ("dataset: loogle", "dataset 'loogle': this subcommand runs longbench; give longbench"),
+        ("model_kwargs: {quantization_config: x}", "model_kwargs quantization_config: only attn_implementation"),
+    ],
+)
+def test_a_kvpress_key_at_a_value_it_cannot_honour_is_refused_by_name(tmp_path, capsys, lines, refusal):
+    (tmp_path / "run.yaml").write_text(f"press_name: knorm\n{lines}\n")
+    assert main(["longbench", "--config", str(tmp_path / "run.yaml"), "--dry-run"]) == 2
+    assert refusal in capsys.readouterr().err
+
+
+def test_kvpress_longbench_dataset_and_data_dir_choose_the_task(offline_machine, capsys):
+    (offline_machine[0] / "run.yaml").write_text(
+        "dataset: longbench\ndata_dir: hotpotqa\npress_name: snapkv\ncompression_ratio: 0.25\n"
+        "model_kwargs: {attn_implementation: eager, dtype: bfloat16}\ndevice: null\n"
+    )
+    assert main(["longbench", "--config", str(offline_machine[0] / "run.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "(hotpotqa) x 1 cells" in out and "snapkv @ keep 75%" in out and "(bfloat16, eager, cpu)" in out

@@ -1,8 +1,8 @@
 """``--config FILE.yaml``: option values from a file, read as data and checked by each flag's own type.
 
 Each key is an option's name, with underscores or dashes (``max_history_tokens``, ``attn-implementation``);
-KVPress's evaluation keys are accepted where they mean the same (``press_name`` for ``presses``,
-``compression_ratio`` for ``ratios``). Each value goes through its flag's type, range and choices, item by item:
+KVPress's evaluation keys are read as ``evaluation.cli.kvpress_keys`` maps them (its ``evaluate_config.yaml``
+runs as is). Each value goes through its flag's type, range and choices, item by item:
 a scalar where a list goes is a one-element list (a spec string is one spec, whatever it reads like), a list where
 one value goes is refused, a switch takes a real boolean, ``null`` leaves the default. Settings are layered as
 the defaults < the file < the command line: a value the command line gives wins. Each mistake is a one-line
@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import sys
 from pathlib import Path
 
 import yaml
 
+from evaluation.cli.kvpress_keys import ALIASES, translated
 from evaluation.errors import EvaluationError
-
-ALIASES = {"press_name": "presses", "compression_ratio": "ratios"}  # KVPress's evaluate.py config keys
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -50,7 +50,7 @@ def with_config(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Na
         return args
     subparser = subcommand(parser, args.command)
     given = given_on_command_line(parser, args.command, argv)
-    for dest, value in file_values(subparser, read(path), path).items():
+    for dest, value in file_values(subparser, read(path), path, args.command).items():
         if dest not in given:
             setattr(args, dest, value)
     return args
@@ -88,10 +88,14 @@ def reason(error: OSError | yaml.YAMLError) -> str:
     return str(error).splitlines()[0]
 
 
-def file_values(subparser: argparse.ArgumentParser, values: dict, path: Path) -> dict[str, object]:
+def file_values(subparser: argparse.ArgumentParser, values: dict, path: Path, command: str) -> dict[str, object]:
     """Each option ``values`` sets (by its destination), checked and converted as its flag converts the
-    command line's text; options set to null are left out."""
+    command line's text; options set to null are left out. KVPress's keys are translated first, each note printed
+    on one line."""
     options = {a.dest: a for a in subparser._actions if a.option_strings and a.dest not in ("help", "config")}
+    values, notes = translated(values, command, set(options), path)
+    for note in notes:
+        print(note, file=sys.stderr)
     keys: dict[str, object] = {}
     converted: dict[str, object] = {}
     for key, value in values.items():
