@@ -228,6 +228,12 @@ def declared(press: BasePress) -> Declared:
     return Declared(path=path, weights=base.weights, refusal=base.refusal)
 
 
+def declared_refusal(cls: type) -> str:
+    """Why a press class cannot run on these protocols at all, as declared ("" when it can)."""
+    declaration = DECLARATIONS.get(cls)
+    return declaration.refusal if declaration is not None else ""
+
+
 def after_eviction(press: BasePress) -> list[BasePress]:
     """The presses of a ``ComposedPress`` that run after another has evicted (they see fewer keys than rows)."""
     return [

@@ -18,16 +18,19 @@ from dataclasses import dataclass
 
 from kvpress.presses.base_press import BasePress
 
+from evaluation.catalogue.downloads import fetched, missing
 from evaluation.catalogue.needs import NOTHING, Needs, Protected, budget_refusal, needs, protected
 from evaluation.catalogue.parameters import Pending, check_arguments
 from evaluation.catalogue.registry import (
     ALL,
     DECODING,
     OWN_PREFILL,
+    PRESS_CLASSES,
     REFUSED,
     SHARED,
     commit_lag,
     compresses_while_decoding,
+    declared_refusal,
     import_refusal,
     press_class,
     set_ratio,
@@ -110,7 +113,8 @@ class ResolvedPress:
     ``blueprint`` its presses are built from (None for the full cache) and what its press declares: what it reads
     of a prefill and its path (``needs``), whether it compresses while the answer is generated (``decodes``), the
     newest positions it never evicts (``protected``) and the commit lag of the ``RMMPress`` it holds; the import
-    paths its spec names (``imports``), and whether it is a dry run's (``dry``: its import paths not imported, no
+    paths its spec names (``imports``), what its presses fetch when applied to a model (``fetches``,
+    ``evaluation.catalogue.downloads``), and whether it is a dry run's (``dry``: its import paths not imported, no
     press built, its needs unknown and read as a press on its own prefill)."""
 
     label: str
@@ -121,6 +125,7 @@ class ResolvedPress:
     commit_lag: int | None = None
     imports: tuple[str, ...] = ()
     dry: bool = False
+    fetches: tuple[str, ...] = ()
 
     def build(self, compression_ratio: float | None = None, length: int | None = None) -> BasePress | None:
         """A fresh press (``Blueprint.build``); None for the full cache.
@@ -154,6 +159,10 @@ class ResolvedPress:
         """Why it cannot keep ``kept`` positions at all ("" when it can)."""
         return budget_refusal(self.protected, kept)
 
+    def missing_for(self, model: str) -> str:
+        """Why what it fetches does not exist for ``model`` ("" when it may, or it fetches nothing)."""
+        return missing(self.build(CHECKED_RATIO), model) if self.fetches else ""
+
 
 UNKNOWN = Needs(OWN_PREFILL, ALL)  # a press no dry run imports: read as one that may run anything
 _RESOLVED: dict[str, ResolvedPress] = {}  # each label's resolved press, once per process
@@ -169,7 +178,14 @@ def _resolve(spec: str, label: str, allow_import: bool, dry_run: bool) -> Resolv
         return ResolvedPress(label, None, UNKNOWN, imports=paths, dry=True)
     press = plan.build(spec, CHECKED_RATIO)
     return ResolvedPress(
-        label, plan, needs(press), compresses_while_decoding(press), protected(press), commit_lag(press), paths
+        label,
+        plan,
+        needs(press),
+        compresses_while_decoding(press),
+        protected(press),
+        commit_lag(press),
+        paths,
+        fetches=fetched(press),
     )
 
 
@@ -199,23 +215,54 @@ def resolve_press(spec: str) -> ResolvedPress:
     return _RESOLVED[label] if label in _RESOLVED else _resolved(spec, allow_import=False, dry_run=False)
 
 
-def resolve_presses(specs: Iterable[str], allow_import: bool = False, dry_run: bool = False) -> list[ResolvedPress]:
+def resolve_presses(
+    specs: Iterable[str], allow_import: bool = False, dry_run: bool = False, model: str | None = None
+) -> list[ResolvedPress]:
     """A run's presses, each spec resolved and checked before any work, so that a mistake is reported before the
     model loads; ``allow_import`` allows its import paths (``--allow-import``), which a ``dry_run`` names without
-    importing them.
+    importing them. With a ``model``, a real run refuses a press whose files do not exist for it.
 
     Raises
     ------
     EvaluationError
-        One line, for a spec that is not a press, an import path not allowed, or a press these protocols cannot run.
+        One line, for a spec that is not a press, an import path not allowed, a press these protocols cannot run, or
+        one whose files do not exist for ``model``.
     """
     resolved = []
     for spec in specs:
+        refusal = _declared_refusal(plan_spec(spec))
+        if refusal:
+            raise EvaluationError(f"press spec {spec!r}: {refusal}")
         press = _resolved(spec, allow_import, dry_run)
         if press.needs.path == REFUSED:
             raise EvaluationError(f"press spec {press.label!r}: {press.needs.refusal}")
+        why = press.missing_for(model) if model is not None and not dry_run else ""
+        if why:
+            raise EvaluationError(f"press spec {press.label!r} needs {press.fetches[0]}: {why}")
         resolved.append(press)
     return resolved
+
+
+def _declared_refusal(value: object) -> str:
+    """Why a press class a spec names cannot run on these protocols, before any is built ("" when none)."""
+    if isinstance(value, (list, tuple)):
+        return next((why for why in map(_declared_refusal, value) if why), "")
+    if not isinstance(value, PressCall) or value.name not in PRESS_CLASSES:
+        return ""
+    held = [*value.args, *value.kwargs.values()]
+    return declared_refusal(PRESS_CLASSES[value.name]) or _declared_refusal(held)
+
+
+def fetch_notes(labels: Iterable[str], model: str) -> list[str]:
+    """A dry run's words for each press that fetches files when applied to ``model``: what, and where they do not
+    exist for it, that a real run refuses it before the model loads."""
+    notes = []
+    for label in dict.fromkeys(labels):
+        press = resolve_press(label)
+        why = press.missing_for(model)
+        refused = f" (not for this model: {why}; a real run refuses it before the model loads)" if why else ""
+        notes += [f"for {label}, {what}{refused}" for what in press.fetches]
+    return notes
 
 
 def make_press(

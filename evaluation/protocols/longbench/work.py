@@ -8,7 +8,7 @@ from functools import partial
 import pandas as pd
 
 from evaluation.catalogue.budgets import Cell, budget_label, press_cells
-from evaluation.catalogue.resolved import resolve_press, resolve_presses
+from evaluation.catalogue.resolved import fetch_notes, resolve_press, resolve_presses
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError
 from evaluation.protocols.longbench import cells
@@ -48,7 +48,7 @@ def with_average(summary: pd.DataFrame) -> pd.DataFrame:
 def checked_cells(config: LongBenchConfig, dry_run: bool = False) -> list[Cell]:
     """The settings checked, before any data: the grid's cells (a dry run imports no press)."""
     check_tasks(config.tasks)
-    presses = resolve_presses(config.presses, config.allow_import, dry_run)
+    presses = resolve_presses(config.presses, config.allow_import, dry_run, config.model.name)
     if config.path not in PATHS:
         raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
     return press_cells(presses, config.budgets, "--ratios or --budgets")
@@ -82,7 +82,7 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
         if not config.likelihood_only
         else "decodes: none (--likelihood-only: each cell's gold answer forced in one forward)",
     ]
-    fetched += [what_loading_fetches(config.model.name)]
+    fetched += [what_loading_fetches(config.model.name), *fetch_notes([press for press, _ in grid], config.model.name)]
     lines += [f"a real run first fetches: {item}" for item in fetched if item] or ["everything it reads is local"]
     return "\n".join(lines)
 

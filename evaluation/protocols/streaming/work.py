@@ -9,7 +9,7 @@ import pandas as pd
 from transformers import AutoConfig, AutoTokenizer
 
 from evaluation.catalogue.budgets import OVER_THE_CONTEXT, Cell, budget_label, press_cells
-from evaluation.catalogue.resolved import resolve_press, resolve_presses
+from evaluation.catalogue.resolved import fetch_notes, resolve_press, resolve_presses
 from evaluation.engine.retention import RETAINED
 from evaluation.errors import EvaluationError
 from evaluation.protocols.protocol import REFERENCE, Plan
@@ -54,7 +54,7 @@ def evictions(rows: list[dict]) -> str:
 
 def checked_cells(config: StreamConfig, dry_run: bool = False) -> list[Cell]:
     """The settings checked, before any data: the stream's cells (a dry run imports no press)."""
-    presses = resolve_presses(config.presses, config.allow_import, dry_run)
+    presses = resolve_presses(config.presses, config.allow_import, dry_run, config.model.name)
     if config.placement not in PLACEMENTS:
         raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if config.placement == "evidence" and config.history != "gold":
@@ -101,6 +101,7 @@ def dry_run(protocol: Streamed, config: StreamConfig) -> str:
         ]
     else:
         lines = plan_lines(protocol, config, cells)
+    fetched += fetch_notes([press for press, _ in cells], config.model.name)
     return "\n".join(lines + [f"a real run first fetches: {item}" for item in fetched if item])
 
 
