@@ -107,13 +107,18 @@ def text_token_ids(config: PerplexityConfig) -> tuple[list[str], list[list[int]]
 def dry_run(protocol: Perplexity, config: PerplexityConfig) -> str:
     presses, streamed_as = checked_presses(config, dry_run=True)
     grid = cells(presses, config.budgets)
+    streamed = [cell for cell in grid if not cell.refusal]
     texts = len(config.texts) + len(config.text_files)
     forwards = len(pieces(config.length, config.chunk))
     lines = [
         f"Perplexity: {texts} texts x {config.length} tokens, {config.form}, model {config.model.label}",
-        *(f"  {cell.press} @ {budget_label(cell.budget, config.length)}" for cell in grid),
+        *(
+            f"  {cell.press} @ {budget_label(cell.budget, config.length)}"
+            + (f" (failed rows: {cell.refusal})" if cell.refusal else "")
+            for cell in grid
+        ),
         *(f"  {label} streams as {rule}" for label, rule in streamed_as.items()),
-        f"forwards: {len(grid)} cells x {forwards} = {len(grid) * forwards}, each a batch of the {texts} texts",
+        f"forwards: {len(streamed)} cells x {forwards} = {len(streamed) * forwards}, each a batch of the {texts} texts",
     ]
     fetched = what_loading_fetches(config.model.name)
     return "\n".join([*lines, f"a real run first fetches: {fetched}" if fetched else "everything it reads is local"])
