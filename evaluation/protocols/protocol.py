@@ -40,6 +40,7 @@ PROTOCOL_MODULES = (
     "evaluation.protocols.synthetic.task",
     "evaluation.protocols.traces.protocol",
     "evaluation.protocols.probe.protocol",
+    "evaluation.protocols.perplexity.protocol",
 )
 
 

@@ -1,0 +1,181 @@
+"""The perplexity protocol's work: its settings and texts checked, its plan and dry run, one cell's stream, and its
+scorecard (``evaluation.protocols.perplexity.card``).
+
+A unit is one cell, a press at a budget (or the full cache), over every text at once: the texts are cut to one
+length, so their caches hold the same number of tokens at every step and stream as one batch (KVPress's presses
+compress a whole batch to one size, so one batch holds one press at one budget)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from evaluation.catalogue.budgets import Budget, budget_key, budget_label
+from evaluation.catalogue.resolved import ResolvedPress, resolve_press, resolve_presses
+from evaluation.catalogue.specs import FULL_CACHE
+from evaluation.errors import EvaluationError
+from evaluation.protocols.perplexity.card import write_perplexity_card
+from evaluation.protocols.perplexity.config import PerplexityConfig
+from evaluation.protocols.perplexity.protocol import POSITION_WINDOW, Perplexity, PerplexityRow
+from evaluation.protocols.perplexity.stream import base_press, decoding_press, pieces, streamed_nll
+from evaluation.protocols.protocol import Plan
+from evaluation.protocols.traces.record import source_file, source_text, text_tokens
+from evaluation.runs.backends import Unit
+from evaluation.runs.models import resolve_model_path, what_loading_fetches
+from evaluation.runs.record import fingerprint
+from evaluation.runs.store import ResultStore
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One press at one budget (None: the full cache) over every text; ``refusal`` says why the press cannot hold
+    the budget at all (its rows are recorded failed, nothing streamed)."""
+
+    press: str
+    budget: Budget | None
+    refusal: str = ""
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A unit's payload: its cell and the texts' names and token ids (texts, length)."""
+
+    cell: Cell
+    names: list[str]
+    token_ids: list[list[int]]
+
+
+def checked_presses(config: PerplexityConfig, dry_run: bool = False) -> tuple[list[ResolvedPress], dict[str, str]]:
+    """The run's presses, each checked streamable in the run's form before any data (a dry run builds none), and
+    what each streams as where that is not its own press."""
+    if not config.texts and not config.text_files:
+        raise EvaluationError("no texts: give --texts (multi_news:N, locomo:SAMPLE_ID) or --text-file")
+    if config.chunk >= config.length:
+        raise EvaluationError(f"--chunk {config.chunk} must be below --length {config.length}")
+    presses = resolve_presses(config.presses, config.allow_import, dry_run)
+    if any(press.label != FULL_CACHE for press in presses) and not config.budgets:
+        raise EvaluationError("no budget: give at least one --budgets value")
+    streamed_as = {}
+    for press in presses:
+        if press.label != FULL_CACHE and not press.dry:
+            streamed_as[press.label] = base_press(press, config.chunk)[1]
+    return presses, {label: rule for label, rule in streamed_as.items() if rule}
+
+
+def cells(presses: list[ResolvedPress], budgets: list[Budget]) -> list[Cell]:
+    """The full cache once (if asked for), then every other press at every budget; a budget a press cannot hold
+    (RMM's lag at or above it) is a cell of failed rows."""
+    full = [Cell(FULL_CACHE, None)] if any(press.label == FULL_CACHE for press in presses) else []
+    return full + [
+        Cell(press.label, budget, press.budget_refusal(int(budget.value)))
+        for press in presses
+        if press.label != FULL_CACHE
+        for budget in budgets
+    ]
+
+
+def text_sources(config: PerplexityConfig) -> list[tuple[str, Path]]:
+    """Each text's name and the file it comes from."""
+    sources = [(spec, source_file(spec, config.data_root)) for spec in config.texts]
+    for given in config.text_files:
+        path = Path(given)
+        if not path.is_file():
+            raise EvaluationError(f"--text-file {given} not found: give a UTF-8 text file")
+        sources.append((f"file:{path.name}", path))
+    names = [name for name, _ in sources]
+    if len(set(names)) != len(names):
+        raise EvaluationError(f"texts named twice in {names}: give each text once (files by distinct names)")
+    return sources
+
+
+def text_token_ids(config: PerplexityConfig) -> tuple[list[str], list[list[int]]]:
+    """Each text's name and its first ``length`` tokens (the tokenizer's encoding without special tokens); a text
+    shorter than that is refused."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
+    names, token_ids = [], []
+    for name, path in text_sources(config):
+        text = path.read_text(encoding="utf-8") if name.startswith("file:") else source_text(name, config.data_root)
+        names.append(name)
+        token_ids.append(text_tokens(tokenizer, text, config.length, name))
+    return names, token_ids
+
+
+def dry_run(protocol: Perplexity, config: PerplexityConfig) -> str:
+    presses, streamed_as = checked_presses(config, dry_run=True)
+    grid = cells(presses, config.budgets)
+    streamed = [cell for cell in grid if not cell.refusal]
+    texts = len(config.texts) + len(config.text_files)
+    forwards = len(pieces(config.length, config.chunk))
+    lines = [
+        f"Perplexity: {texts} texts x {config.length} tokens, {config.form}, model {config.model.label}",
+        *(
+            f"  {cell.press} @ {budget_label(cell.budget, config.length)}"
+            + (f" (failed rows: {cell.refusal})" if cell.refusal else "")
+            for cell in grid
+        ),
+        *(f"  {label} streams as {rule}" for label, rule in streamed_as.items()),
+        f"forwards: {len(streamed)} cells x {forwards} = {len(streamed) * forwards}, each a batch of the {texts} texts",
+    ]
+    fetched = what_loading_fetches(config.model.name)
+    return "\n".join([*lines, f"a real run first fetches: {fetched}" if fetched else "everything it reads is local"])
+
+
+def plan(protocol: Perplexity, config: PerplexityConfig) -> Plan:
+    presses, streamed_as = checked_presses(config)
+    names, token_ids = text_token_ids(config)
+    units = []
+    for cell in cells(presses, config.budgets):
+        keys = frozenset((name, cell.press, budget_key(cell.budget)) for name in names)
+        units.append(Unit(f"{cell.press} @ {budget_key(cell.budget)}", Streamed(cell, names, token_ids), keys))
+    settings = {
+        "data_root": str(config.data_root),
+        "form": config.form,
+        "streamed_as": streamed_as,
+        "data_fingerprint": fingerprint(*dict.fromkeys(path for _, path in text_sources(config))),
+    }
+    return Plan(units, partial(work, config=config, streamed_as=streamed_as), settings, sample=("data_fingerprint",))
+
+
+def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, streamed_as: dict[str, str]) -> None:
+    """Stream every text of the unit's cell in one batch and append a row per text."""
+    model, _ = loaded
+    streamed: Streamed = unit.payload
+    cell = streamed.cell
+    common = {
+        "press": cell.press,
+        "budget": budget_key(cell.budget),
+        "budget_label": budget_label(cell.budget, config.length),
+    }
+    if cell.refusal:
+        for name in streamed.names:
+            store.append({**common, "text": name, "score": None, "error": cell.refusal})
+        return
+    press = None
+    if cell.budget is not None:
+        press = decoding_press(base_press(resolve_press(cell.press), config.chunk)[0], int(cell.budget.value))
+    nll = streamed_nll(model, torch.tensor(streamed.token_ids), press, config.chunk).cpu()
+    for name, row_nll in zip(streamed.names, nll, strict=True):
+        mean = float(row_nll.mean())
+        row: PerplexityRow = {
+            **common,
+            "text": name,
+            "tokens": config.length,
+            "nll": mean,
+            "score": mean,
+            "nll_by_position": [float(w.mean()) for w in row_nll.split(POSITION_WINDOW)],
+            "form": config.form,
+            "streamed_as": streamed_as.get(cell.press, ""),
+        }
+        store.append(row)
+
+
+def write_scorecard(protocol: Perplexity, config: PerplexityConfig, rows: list[dict]) -> None:
+    if rows:
+        labels = [budget_label(budget, config.length) for budget in config.budgets]
+        write_perplexity_card(
+            protocol.benchmark, config.output, rows, config.presses, labels, config.form, POSITION_WINDOW
+        )

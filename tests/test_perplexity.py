@@ -1,0 +1,164 @@
+"""The perplexity protocol: a streamed full cache is a plain forward, a budget at or above the length is the full
+cache, TOVA's streamed kept set is the multi-state RNN's, one forward per streamed token or chunk, and the protocol
+runs, records its form and refuses what it cannot stream."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from evaluation.catalogue.resolved import resolve_press
+from evaluation.cli.main import main
+from evaluation.protocols.perplexity.stream import base_press, decoding_press, pieces, streamed_nll
+from presses import TOVAPress
+from tests.helpers import SHARED_DATA, tiny_model
+from tests.test_longbench_protocol import model_dir  # noqa: F401
+
+LENGTH = 40
+
+
+def token_ids(batch: int = 2, length: int = LENGTH) -> torch.Tensor:
+    return torch.randint(3, 256, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def streamed(model, ids, spec: str | None, budget: int = 0, chunk: int = 1) -> torch.Tensor:
+    press = None if spec is None else decoding_press(base_press(resolve_press(spec), chunk)[0], budget)
+    return streamed_nll(model, ids, press, chunk)
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_the_streamed_full_cache_is_a_plain_forward(chunk):
+    model, ids = tiny_model("llama", "sdpa"), token_ids()
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    plain = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    nll = streamed(model, ids, None, chunk=chunk)
+    assert nll.shape == (2, LENGTH - 1)
+    torch.testing.assert_close(nll, plain, atol=1e-4, rtol=0)
+    torch.testing.assert_close(nll.mean(1), plain.mean(1), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("spec", ["tova", "h2o", "rmm", "rmm(lag=8)", "streaming_llm", "knorm"])
+def test_a_budget_at_or_above_the_length_is_the_full_cache(spec):
+    model, ids = tiny_model("qwen2", "sdpa"), token_ids()
+    full = streamed(model, ids, None)
+    for budget in (LENGTH, LENGTH + 5):
+        torch.testing.assert_close(streamed(model, ids, spec, budget), full, atol=1e-5, rtol=0)
+    assert not torch.allclose(streamed(model, ids, spec, 12), full, atol=1e-3), "a smaller budget evicts"
+
+
+class Counted:
+    """``model.forward`` wrapped: the calls counted, each layer's cached keys kept after each."""
+
+    def __init__(self, model) -> None:
+        self.calls, self.keys, self.forward = 0, [], model.forward
+        model.forward = self
+
+    def __call__(self, *args, **kwargs):
+        output = self.forward(*args, **kwargs)
+        self.calls += 1
+        self.keys.append([layer.keys.clone() for layer in kwargs["past_key_values"].layers])
+        return output
+
+
+@torch.no_grad()
+def msrnn_tova(model, ids: torch.Tensor, budget: int) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    """TOVA's multi-state RNN by hand from eager attention: after each token, each layer whose cache exceeds the
+    budget drops the position the newest query's attention, averaged over all heads, gives least (never the newest
+    itself; ties drop the lower position). Returns each step's cached keys and kept positions per layer."""
+    cache, held, keys, kept = DynamicCache(), None, [], []
+    for t in range(ids.shape[1]):
+        out = model(
+            input_ids=ids[:, t : t + 1], past_key_values=cache, position_ids=torch.tensor([[t]]), output_attentions=True
+        )
+        if held is None:
+            held = [torch.zeros(ids.shape[0], 1, dtype=torch.long) for _ in cache.layers]
+        else:
+            held = [torch.cat([h, torch.full((ids.shape[0], 1), t)], 1) for h in held]
+        for index, (layer, attention) in enumerate(zip(cache.layers, out.attentions, strict=True)):
+            if layer.keys.shape[2] <= budget:
+                continue
+            scores = attention[:, :, -1].float().mean(1)[:, :-1]  # (batch, k_len - 1): the newest is never dropped
+            drop = scores.argmin(-1)  # the first minimum: ties drop the lower position
+            keep = torch.stack([torch.cat([torch.arange(d), torch.arange(d + 1, layer.keys.shape[2])]) for d in drop])
+            gather = keep[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+            held[index] = held[index].gather(1, keep)
+        keys.append([layer.keys.clone() for layer in cache.layers])
+        kept.append([h.clone() for h in held])
+    return keys, kept
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tovas_streamed_kept_set_is_the_multi_state_rnn(arch):
+    model, ids, budget = tiny_model(arch, "eager"), token_ids(length=30), 6
+    hand_keys, hand_kept = msrnn_tova(model, ids, budget)
+    counted = Counted(model)
+    press = decoding_press(TOVAPress(), budget)
+    streamed_nll(model, ids, press, 1)
+    assert counted.calls == 30
+    for step, (ours, theirs) in enumerate(zip(counted.keys, hand_keys, strict=True)):
+        for layer, (mine, hand) in enumerate(zip(ours, theirs, strict=True)):
+            assert mine.shape[2] == min(step + 1, budget)
+            torch.testing.assert_close(mine, hand, atol=1e-5, rtol=0, msg=f"step {step}, layer {layer}")
+    assert any(not torch.equal(k[0], torch.arange(budget)) for k in hand_kept[-1]), "TOVA evicted some early token"
+    assert all(int(k[:, -1].min()) == 29 for k in hand_kept[-1]), "the newest stays on its step"
+
+
+@pytest.mark.parametrize(("spec", "chunk"), [("tova", 1), ("rmm(lag=4)", 1), ("h2o", 5), ("snapkv(window_size=4)", 6)])
+def test_one_forward_per_streamed_token_or_chunk(spec, chunk):
+    model, ids = tiny_model("llama", "sdpa"), token_ids(batch=3)
+    counted = Counted(model)
+    streamed(model, ids, spec, 10, chunk)
+    assert counted.calls == len(pieces(LENGTH, chunk)) == 1 + (LENGTH - 1) // chunk
+    assert all(layer.shape[2] <= 10 for step in counted.keys[1:] for layer in step), "held at the budget"
+
+
+def test_window_presses_and_decoding_presses_are_refused_by_name():
+    with pytest.raises(Exception, match=r"'snapkv' scores from its 64 newest queries.*--chunk 65"):
+        base_press(resolve_press("snapkv"), 1)
+    with pytest.raises(Exception, match=r"'decoding_knorm'.*DecodingPress around it"):
+        base_press(resolve_press("decoding_knorm"), 1)
+    assert base_press(resolve_press("h2o"), 1)[1] == "rmm(correctness='uniform')"
+    assert base_press(resolve_press("snapkv"), 65)[1] == ""
+    assert pieces(10, 4) == [(0, 1), (1, 5), (5, 10)] and pieces(9, 4) == [(0, 1), (1, 5), (5, 9)]
+
+
+def test_the_protocol_runs_resumes_and_refuses(model_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
+    own = tmp_path / "mine.txt"
+    own.write_text("a text of my own, long enough to stream through the tiny model. " * 4)
+    output = tmp_path / "ppl"
+    argv = ["perplexity", "--model", str(model_dir), "--texts", "multi_news:0", "locomo:conv-26"]
+    argv += ["--text-file", str(own), "--length", "48", "--budgets", "16", "64", "--data", str(SHARED_DATA)]
+    argv += ["--presses", "full", "tova", "h2o", "rmm(lag=16)", "--output", str(output)]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * (1 + 3 * 2)
+    full = {r["text"]: r["nll"] for r in rows if r["press"] == "full"}
+    assert set(full) == {"multi_news:0", "locomo:conv-26", "file:mine.txt"}
+    for row in rows:
+        if row["press"] == "rmm(lag=16)" and row["budget"] == "tokens=16":
+            assert row["score"] is None and "lag" in row["error"]
+            continue
+        assert row["tokens"] == 48 and row["form"] == "exact" and len(row["nll_by_position"]) == 2
+        if row["budget"] == "tokens=64":
+            assert row["budget_label"].startswith("64 tokens (>=") and abs(row["nll"] - full[row["text"]]) < 1e-5
+    assert {r["streamed_as"] for r in rows if r["press"] == "h2o"} == {"rmm(correctness='uniform')"}
+    record = json.loads((output / "run.json").read_text())
+    assert record["config"]["form"] == "exact" and record["config"]["chunk"] == 1
+    card = (output / "scorecard.md").read_text()
+    assert "## Perplexity" in card and "ratio to the full cache" in card
+    assert (output / "nll_by_position.png").stat().st_size > 0
+    assert main(argv) == 0, "a finished run reruns nothing"
+    assert json.loads((output / "run.json").read_text())["sessions"][1]["units_run"] == 0
+
+    capsys.readouterr()
+    short = [*argv[:-1], str(tmp_path / "short"), "--length", "100000"]
+    assert main(short) == 2
+    assert "fewer than --length 100000" in capsys.readouterr().err
+    window = [*argv[:-1], str(tmp_path / "snap"), "--presses", "snapkv"]
+    assert main(window) == 2
+    assert "--chunk 65" in capsys.readouterr().err
