@@ -84,7 +84,7 @@ eval-memory: setup
 
 # Perplexity of 8 texts (1,024 tokens) streamed with each press holding 64, 128, 256 tokens, exact per-token eviction.
 eval-perplexity: setup
-	$(PY) -m evaluation perplexity --data $(SHARED_DATA) --length 1024 --budgets 64 128 256 \
+	$(PY) -m evaluation perplexity --length 1024 --budgets 64 128 256 \
 		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" --output results/perplexity/smollm2-135m
 
 # One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
