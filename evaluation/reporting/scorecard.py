@@ -75,10 +75,12 @@ def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd
     frame = pd.DataFrame(records, columns=[*columns, "digits", "ceiling"])
     if frame.duplicated(["metric", "condition", "budget", "press", "example"]).any():
         raise ValueError("an example appears twice for one condition, budget and press: the runs overlap")
-    held = {key: frozenset(g["row"]) for key, g in frame.groupby(["metric", "condition"], sort=False)}
-    earlier = list(held)
-    repeated = [key for i, key in enumerate(earlier) if held[key] in [held[k] for k in earlier[:i] if k[0] == key[0]]]
-    keep = [(m, c) not in repeated for m, c in zip(frame["metric"], frame["condition"], strict=True)]
+    seen, repeated = set(), set()
+    for (metric, condition), group in frame.groupby(["metric", "condition"], sort=False):
+        held = (metric, frozenset(group["row"]))
+        repeated |= {(metric, condition)} if held in seen else set()
+        seen.add(held)
+    keep = [key not in repeated for key in zip(frame["metric"], frame["condition"], strict=True)]
     return frame[keep].drop(columns="row").reset_index(drop=True)
 
 
@@ -392,7 +394,8 @@ def write_scorecard(
     metrics = metrics_of(summary)
     for metric in metrics:
         chosen = summary[summary["metric"] == metric]
-        lines += ["", *([f"## {metric.name}", ""] if len(metrics) > 1 else []), f"Metric: {metric.label}.", ""]
+        lines += ["", *([f"## {metric.name} ({metric.unit})", ""] if len(metrics) > 1 else [])]
+        lines += [f"Metric: {metric.label}.", ""]
         lines += score_table(chosen, presses, budgets)
     for prefix, against in baselines(reference):
         lines += comparison_section(summary, prefix, against)
@@ -435,7 +438,7 @@ def comparison_section(summary: pd.DataFrame, prefix: str, against: str) -> list
     lines += [POWER_NOTE]
     for metric in metrics:
         chosen = summary[summary["metric"] == metric]
-        lines += ["", *([f"### {metric.name}", ""] if len(metrics) > 1 else [])]
+        lines += ["", *([f"### {metric.name} ({metric.unit})", ""] if len(metrics) > 1 else [])]
         lines += metric_comparisons(chosen, prefix, against, metric)
     return lines
 
@@ -579,30 +582,23 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
     presses = list(dict.fromkeys(compared["press"]))
     groups = list(compared.groupby(["against", "metric"], sort=False))
     heights = [len(group.groupby(["condition", "budget"])) for _, group in groups]
-    legend_rows = -(-len(presses) // 4) + 2
+    legend_rows = -(-(len(presses) + 4) // 3)
     figure = Figure(
         figsize=(8.5, 0.32 * sum(heights) + 1.1 * len(heights) + 0.3 * legend_rows + 0.5), layout="constrained"
     )
     axes = figure.subplots(len(heights), 1, squeeze=False, height_ratios=[h + 2 for h in heights])[:, 0]
     for axis, ((against, metric), group) in zip(axes, groups, strict=True):
         forest_panel(axis, group, presses)
-        axis.set_title(f"{metric.name} against {baseline_name(against)}", fontsize=8)
+        no_verdict = (
+            f"; no verdict: every comparison has under {MIN_PAIRS} pairs" if (group["verdict"] == TOO_FEW).all() else ""
+        )
+        axis.set_title(f"{metric.name} against {baseline_name(against)}{no_verdict}", fontsize=8)
         axis.set_xlabel(
             f"difference against {baseline_name(against)} ({metric.name}, {metric.unit}; {metric.direction}; 95% "
             "paired bootstrap interval)",
             fontsize=7,
         )
         axis.set_ylabel("condition, budget", fontsize=7)
-        if (group["verdict"] == TOO_FEW).all():
-            axis.text(
-                0.99,
-                0.02,
-                f"no verdict: every comparison has under {MIN_PAIRS} pairs",
-                transform=axis.transAxes,
-                ha="right",
-                va="bottom",
-                fontsize=7,
-            )
     verdicts = [
         Line2D([], [], marker="s", linestyle="", color=c, label=v) for v, c in VERDICT_COLORS.items() if v != TOO_FEW
     ]
@@ -614,11 +610,11 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
             linestyle="",
             color=VERDICT_COLORS[TOO_FEW],
             markerfacecolor="none",
-            label=f"too few (under {MIN_PAIRS} pairs): interval, no verdict",
+            label=f"too few (under {MIN_PAIRS} pairs): no verdict",
         )
     )
     figure.legend(
-        handles=legend_handles(presses) + verdicts, loc="outside lower center", ncols=4, fontsize=7, frameon=False
+        handles=legend_handles(presses) + verdicts, loc="outside lower center", ncols=3, fontsize=7, frameon=False
     )
     return save_figure(figure, path)
 

@@ -131,7 +131,7 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
     measured = (ANSWER_NLL,) if config.likelihood_only else ()
     benchmark = replace(protocol.benchmark, measured=measured)
     summary = with_average(summarize(scores_frame(benchmark, rows), REFERENCE))
-    scored = "The first gold answer's likelihood alone" if config.likelihood_only else "The official task score"
+    scored = "Likelihood only: the first gold answer's" if config.likelihood_only else "The official task score"
     note = (
         f"{scored}, and each metric's unit and direction above its table; each cell: mean [95% bootstrap interval "
         "over examples] (n). The full cache is repeated on every budget row; with several tasks, `average` is the "

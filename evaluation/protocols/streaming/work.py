@@ -23,7 +23,7 @@ from evaluation.protocols.streaming.placements import (
     select_conversations,
 )
 from evaluation.protocols.streaming.protocol import Streamed
-from evaluation.reporting.conditions import ANSWER_NLL
+from evaluation.reporting.conditions import ANSWER_NLL, Metric
 from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
@@ -168,6 +168,11 @@ def plan(protocol: Streamed, config: StreamConfig) -> Plan:
     return Plan(units, work, settings, sample=("data_fingerprint",))
 
 
+ANSWER_HELD = Metric(
+    "answer held", "% of layer x KV head slots holding a copy of the answer", 1, 100, field="retention", output=None
+)  # where a task records retention; equal shares, not equal predictions, make two presses identical
+
+
 def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) -> None:
     if not rows:
         return
@@ -175,9 +180,8 @@ def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) 
     benchmark = replace(task.benchmark, measured=(ANSWER_NLL,)) if config.likelihood_only else task.benchmark
     frame = scores_frame(benchmark, rows)
     if task.retention:
-        measured = [{**row, "score": row["retention"]} for row in rows if row.get("retention") is not None]
-        retained = replace(task.benchmark, measured=(task.benchmark.score,))
-        frame = pd.concat([frame, scores_frame(retained, measured, RETAINED)], ignore_index=True)
+        held = replace(task.benchmark, measured=(ANSWER_HELD,))
+        frame = pd.concat([frame, scores_frame(held, rows, RETAINED)], ignore_index=True)
     order = task.benchmark.order
 
     def rank(name: str) -> int:
