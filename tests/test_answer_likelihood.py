@@ -236,7 +236,11 @@ def test_likelihood_only_scores_the_answer_without_generating(model_dir, data_di
         assert "prediction" not in row and "generated_tokens" not in row
         assert row["score"] == row["answer_nll"] == pytest.approx(expected[key(row)], abs=1e-5)
         assert row["kept_tokens"] == next(g["kept_tokens"] for g in generated if key(g) == key(row))
-    assert "Likelihood only" in (tmp_path / "only" / "scorecard.md").read_text()
+    card = (tmp_path / "only" / "scorecard.md").read_text()
+    assert "Likelihood only" in card and "Metric: answer NLL (nats per token; lower is better)." in card
+    assert "Metric: score" not in card, "the NLL alone, never as a higher-is-better score"
+    card = (tmp_path / "generated" / "scorecard.md").read_text()
+    assert "## score" in card and "## answer NLL" in card and "### answer NLL" in card, "both metrics, each paired"
     argv = ["longbench", "--model", str(model_dir), "--data", str(data_dir), "--output", str(tmp_path / "only")]
     assert main([*argv, "--tasks", "hotpotqa", "--presses", "full", "--n", "1", "--path", path]) == 2
     assert "likelihood_only: stored True, asked False" in capsys.readouterr().err
@@ -257,7 +261,9 @@ def test_streamed_likelihood_only_scores_the_gold_answer_without_generating(
     for key, row in only.items():
         assert "prediction" not in row and row["score"] == row["answer_nll"]
         assert row["answer_nll"] == pytest.approx(generated[key]["answer_nll"], abs=1e-5)
-    assert "Likelihood only" in (tmp_path / "only" / "scorecard.md").read_text()
+    card = (tmp_path / "only" / "scorecard.md").read_text()
+    assert "Likelihood only" in card and "Metric: answer NLL (nats per token; lower is better)." in card
+    assert "## answer NLL" in (tmp_path / "generated" / "scorecard.md").read_text()
     output = tmp_path / "model"
     assert run_locomo(locomo_model_dir, locomo_data, output, "--likelihood-only", "--history", "model") == 2
     assert "--likelihood-only generates no answers for the history" in capsys.readouterr().err

@@ -199,7 +199,8 @@ def test_reuse_streams_resumes_and_refuses_other_episodes(model_dir, tmp_path, c
     combined = (tmp_path / "combined" / "scorecard.md").read_text()
     assert "| Reuse asked again | 300 tokens |" in combined
     assert "## Reuse: asked again - never asked (control), paired" in combined
-    assert "| budget | press | asked again | never asked (control) | difference | n | verdict |" in combined
+    header = "| budget | press | asked again | never asked (control) | difference | n | MDE | verdict | Holm |"
+    assert header in combined
     assert (output / "contrasts.csv").read_text() == (tmp_path / "combined" / "contrasts.csv").read_text().replace(
         "Reuse: ", ""
     ), "the combined scorecard carries the run's contrasts"

@@ -4,6 +4,7 @@ end."""
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 
@@ -181,7 +182,8 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
         "controlled.json",
     ):
         assert (output / name).stat().st_size > 0
-    conditions = {line.split(",")[0] for line in (output / "scorecard.csv").read_text().splitlines()[1:]}
+    with (output / "scorecard.csv").open() as handle:
+        conditions = {line["condition"] for line in csv.DictReader(handle)}
     assert conditions == {"retained_mass", "heavy_hitter_recall", "hit_rate"}, "each metric is its own condition"
     belady = [r for r in rows if r["press"] == "belady" and r["metric"] == "hit_rate"]
     others = [r for r in rows if r["press"] != "belady" and r["metric"] == "hit_rate"]

@@ -1,9 +1,10 @@
 """One scorecard across benchmarks (``python -m evaluation scorecard``): every (condition, budget, press) of
 any mix of LongBench, LoCoMo and trace runs with a 95% bootstrap interval over examples, and against a
-reference press the paired difference, its verdict (win, tie: the interval contains 0, loss) and the wins /
-ties / losses per press, as in the paper's Figure 3. A press name is its spec, so one name is one press in every
-run; a run's benchmark is the protocol its run.json records; runs that hold the same example twice, and rows of a
-press or budget their run did not ask for, are refused."""
+reference press the paired difference, its verdict (win, tie: the interval contains 0, loss), the verdict after
+Holm's correction and the smallest difference each comparison could detect, and the wins / ties / losses per
+press (each example counted once), as in the paper's Figure 3, per metric. A press name is its spec, so one name
+is one press in every run; a run's benchmark is the protocol its run.json records; runs that hold the same
+example twice, and rows of a press or budget their run did not ask for, are refused."""
 
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ def write_combined(
     """The combined scorecard under ``output``: ``scorecard.{md,csv}``, ``scorecard.png`` and ``forest.png``;
     ``partial`` names runs whose rows are not all in yet."""
     frame = pd.concat([scores_frame(b, rows, f"{b.name} ") for b, rows in runs], ignore_index=True)
-    twice = frame[frame.duplicated(["condition", "budget", "press", "example"])]
+    twice = frame[frame.duplicated(["metric", "condition", "budget", "press", "example"])]
     if not twice.empty:
         first = twice.iloc[0]
         raise EvaluationError(
@@ -154,7 +155,8 @@ def write_combined(
         raise EvaluationError(str(error)) from error
     note = (
         f"Mean [95% bootstrap interval over examples, {resamples} resamples, seed {seed}] (n). Below, each press "
-        f"against {reference} on the examples both ran: the paired difference, its interval and the verdict."
+        f"against {reference} on the examples both ran: the paired difference, its interval and the verdict, per "
+        "metric (each benchmark's official score, and the gold answer's likelihood where rows hold it)."
     )
     if partial:
         note += f" Partial: {', '.join(partial)} had not finished (still running, or cut off): its rows so far."

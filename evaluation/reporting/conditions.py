@@ -1,9 +1,43 @@
-"""What a protocol tells its scorecard: the conditions a row counts in, what identifies an example, the scale."""
+"""What a protocol tells its scorecard: the conditions a row counts in, what identifies an example, and the
+metrics its rows hold (``Metric``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A quantity a scorecard reports per example, in every table and picture: the row field that holds it, how it
+    is shown, and which way is better.
+
+    ``scale`` multiplies the row's value; ``bounded``: the values lie in [0, scale], so both sides at 0 or both at
+    ``scale`` in every pair carry no signal; ``output``: the row field whose equality in every pair makes two presses
+    identical (None: equal values do)."""
+
+    name: str
+    unit: str
+    digits: int
+    scale: float = 1.0
+    field: str = "score"
+    higher_is_better: bool = True
+    bounded: bool = True
+    output: str | None = "prediction"
+
+    @property
+    def direction(self) -> str:
+        return "higher is better" if self.higher_is_better else "lower is better"
+
+    @property
+    def label(self) -> str:
+        """The axis label: name, unit and direction."""
+        return f"{self.name} ({self.unit}; {self.direction})"
+
+
+ANSWER_NLL = Metric(
+    "answer NLL", "nats per token", 3, field="answer_nll", higher_is_better=False, bounded=False, output=None
+)  # the first gold answer's mean negative log-likelihood per token, where a row has an answer
 
 
 @dataclass(frozen=True)
@@ -22,6 +56,10 @@ class Contrast:
 
 @dataclass(frozen=True)
 class Benchmark:
+    """A protocol's scorecard: its conditions, what identifies an example, and its official score (``scale``,
+    ``digits``, ``unit``). ``measured``: the metrics its scorecard reports; empty: the official score, then the gold
+    answer's likelihood (``ANSWER_NLL``) where rows hold it."""
+
     name: str
     conditions: Callable[[dict], list[str]]  # the conditions a row counts in
     example_id: Callable[[dict], tuple]
@@ -29,3 +67,14 @@ class Benchmark:
     digits: int
     order: tuple[str, ...] = ()  # the protocol's own order of its conditions, if it has one
     contrasts: tuple[Contrast, ...] = ()
+    unit: str = "official score"
+    measured: tuple[Metric, ...] = ()
+
+    @property
+    def score(self) -> Metric:
+        """The official score."""
+        return Metric("score", self.unit, self.digits, self.scale)
+
+    @property
+    def metrics(self) -> tuple[Metric, ...]:
+        return self.measured or (self.score, ANSWER_NLL)

@@ -1,9 +1,11 @@
-"""Scorecards: every (condition, budget, press) with a bootstrap interval over examples, the paired difference
-against a reference press with its verdict, as tables (csv, markdown) and pictures.
+"""Scorecards: every (metric, condition, budget, press) with a bootstrap interval over examples, the paired
+difference against a reference press with its verdict, its p-value, the smallest difference its n could detect and
+a verdict after Holm's correction, as tables (csv, markdown) and pictures.
 
-A protocol says what its conditions are and what identifies an example (``Benchmark``); one run's scorecard and
-the combined scorecard across runs (``evaluation.reporting.combined``) are the same computation. Cells a press could
-not run are counted (``failed``) and left out of the means and of the pairs.
+A protocol says what its conditions are, what identifies an example and which metrics its rows hold
+(``Benchmark``, ``Metric``); one run's scorecard and the combined scorecard across runs
+(``evaluation.reporting.combined``) are the same computation. Cells a press could not run are counted (``failed``)
+and left out of the means and of the pairs.
 """
 
 from __future__ import annotations
@@ -12,56 +14,77 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from evaluation.catalogue.budgets import OVER_THE_CONTEXT
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
-from evaluation.reporting.conditions import Benchmark, Contrast
+from evaluation.reporting.conditions import Benchmark, Contrast, Metric
 from evaluation.reporting.intervals import (
     MIN_EXAMPLES_FOR_INTERVAL,
     MIN_PAIRS,
+    Difference,
     bootstrap,
+    holm,
+    holm_verdict,
     paired,
 )
 from evaluation.runs.files import SCORECARD_FILES, refuse_links, replaced, write_atomically
 
-VERDICT_COLORS = {"win": "#1b9e77", "tie": "#7f7f7f", "loss": "#d95f02"}
+TOO_FEW = "too few"
+VERDICT_COLORS = {"win": "#1b9e77", "tie": "#7f7f7f", "loss": "#d95f02", TOO_FEW: "#bdbdbd"}
 MARKERS = "osD^vP*Xhp<>d8"
+COMPARED = ("diff", "diff_low", "diff_high", "verdict", "p", "mde", "holm_p", "holm_verdict")  # per baseline
+POWER_NOTE = (
+    "MDE: the smallest difference its n pairs detect with 80% power at a two-sided 5% level, (z_0.975 + z_0.8) x "
+    "the paired differences' SD / sqrt(n) (normal approximation). Holm: the verdict after Holm's correction over "
+    "this scorecard's comparisons of the metric (against both baselines), from the bootstrap's p-value (twice the "
+    "smaller share of resampled mean differences on either side of 0)."
+)
 
 
 def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd.DataFrame:
-    """One line per (condition, budget, press, example): its score (NaN for a failed cell), ``failed``, the output
-    the score is of (the prediction; None where a protocol has none) and the score's ceiling. A condition that
-    holds exactly the rows of an earlier one (LoCoMo's "evidence visible" when every question's evidence is
+    """One line per (metric, condition, budget, press, example) for each of the benchmark's metrics a row holds:
+    its value (NaN for a failed cell), ``failed``, the output that makes two presses identical (None where the
+    metric or the protocol has none), the metric's digits and ceiling (NaN for an unbounded metric). A condition
+    that holds exactly the rows of an earlier one (LoCoMo's "evidence visible" when every question's evidence is
     visible) is left out: it would count its comparisons twice."""
     records = [
         {
             "row": index,
+            "metric": metric,
+            "benchmark": benchmark.name,
             "condition": prefix + condition,
             "budget": row["budget_label"],
             "press": row["press"],
             "example": benchmark.example_id(row),
-            "score": np.nan if row.get("error") else row["score"] * benchmark.scale,
+            "score": np.nan if row.get("error") else row[metric.field] * metric.scale,
             "failed": bool(row.get("error")),
-            "output": row.get("prediction"),
+            "output": row.get(metric.output) if metric.output else None,
+            "digits": metric.digits,
+            "ceiling": metric.scale if metric.bounded else np.nan,
         }
+        for metric in benchmark.metrics
         for index, row in enumerate(rows)
+        if row.get("error") or row.get(metric.field) is not None
         for condition in benchmark.conditions(row)
     ]
-    columns = ["row", "condition", "budget", "press", "example", "score", "failed", "output"]
-    frame = pd.DataFrame(records, columns=columns)
-    if frame.duplicated(["condition", "budget", "press", "example"]).any():
+    columns = ["row", "metric", "benchmark", "condition", "budget", "press", "example", "score", "failed", "output"]
+    frame = pd.DataFrame(records, columns=[*columns, "digits", "ceiling"])
+    if frame.duplicated(["metric", "condition", "budget", "press", "example"]).any():
         raise ValueError("an example appears twice for one condition, budget and press: the runs overlap")
-    held = {c: frozenset(g["row"]) for c, g in frame.groupby("condition", sort=False)}
-    repeated = [c for i, c in enumerate(held) if held[c] in [held[d] for d in list(held)[:i]]]
-    frame = frame[~frame["condition"].isin(repeated)].drop(columns="row").reset_index(drop=True)
-    frame["digits"], frame["ceiling"] = benchmark.digits, benchmark.scale
-    return frame
+    seen, repeated = set(), set()
+    for (metric, condition), group in frame.groupby(["metric", "condition"], sort=False):
+        held = (metric, frozenset(group["row"]))
+        repeated |= {(metric, condition)} if held in seen else set()
+        seen.add(held)
+    keep = [key not in repeated for key in zip(frame["metric"], frame["condition"], strict=True)]
+    return frame[keep].drop(columns="row").reset_index(drop=True)
 
 
-VERDICTS = ("win", "tie", "loss")  # the comparisons an interval decides; the tallies and forest plots count these
+VERDICTS = ("win", "tie", "loss")  # the comparisons an interval decides; the tallies count these
 
 
 def baselines(reference: str) -> list[tuple[str, str]]:
@@ -74,79 +97,124 @@ def baseline_name(against: str) -> str:
     return "the full cache" if against == FULL_CACHE else against
 
 
+def with_metric(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame built without ``scores_frame``: its one metric a score of its digits and ceiling, one benchmark."""
+    if "metric" in frame:
+        return frame
+    metrics = [
+        Metric("score", "score", int(d), float(c)) for d, c in zip(frame["digits"], frame["ceiling"], strict=True)
+    ]
+    return frame.assign(metric=metrics, benchmark="")
+
+
 def summarize(
     frame: pd.DataFrame, reference: str, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED
 ) -> pd.DataFrame:
-    """Per (condition, budget, press): mean, 95% bootstrap interval, n, failed cells, and the paired difference
-    on the examples both ran, its interval and verdict, against ``reference`` at the same condition and budget
-    (``diff``, ``diff_low``, ``diff_high``, ``verdict``) and against the full cache (``full_``...). A verdict is
-    "identical" when both sides gave the same output in every pair (where a protocol records no output: the same
-    score), "no signal" when both scored the floor (or both the ceiling) in every pair, or different outputs the
-    same score in every pair, "too few" under ``MIN_PAIRS`` pairs, else win, tie (the interval contains 0)
-    or loss; "reference" for the side compared with, "-" with nothing to compare."""
-    keys = ["condition", "budget", "press"]
+    """Per (metric, condition, budget, press): mean, 95% bootstrap interval, n, failed cells, and the paired
+    difference on the examples both ran against ``reference`` at the same condition and budget (``diff``,
+    ``diff_low``, ``diff_high``, ``verdict``, the bootstrap's ``p``, the minimum detectable difference ``mde``, and
+    after Holm's correction over the metric's comparisons ``holm_p`` and ``holm_verdict``) and against the full
+    cache (``full_``...); ``tallied``: whether the condition's examples are disjoint from every earlier tallied
+    condition's of its metric, so that tallies count each example once.
+
+    A verdict is "identical" when both sides gave the same output in every pair (where a metric records no output:
+    the same value), "no signal" when both scored the floor (or both the ceiling) in every pair, or different
+    outputs the same score in every pair, "too few" under ``MIN_PAIRS`` pairs (its interval still given from two
+    pairs), else win, tie (the interval contains 0) or loss in the metric's direction; "reference" for the side
+    compared with, "-" with nothing to compare."""
+    frame = with_metric(frame)
+    keys = ["metric", "condition", "budget", "press"]
     lines = []
-    for (condition, budget, press), group in frame.groupby(keys, sort=False):
+    for (metric, condition, budget, press), group in frame.groupby(keys, sort=False):
         ran = group.dropna(subset=["score"])
-        line = {"condition": condition, "budget": budget, "press": press, "n": len(ran)}
+        line = {"metric": metric, "condition": condition, "budget": budget, "press": press, "n": len(ran)}
         line |= {"failed": int(group["failed"].sum()), "digits": int(group["digits"].iloc[0])}
         if len(ran):
             interval = bootstrap(ran["score"].to_numpy(), resamples, seed)
             line |= {"mean": interval.mean, "low": interval.low, "high": interval.high}
         lines.append(line)
-    summary = pd.DataFrame(lines)
+    summary = pd.DataFrame(lines).reindex(columns=[*keys, "n", "failed", "digits", "mean", "low", "high"])
     cells = {key: group.set_index("example") for key, group in frame.groupby(keys, sort=False)}
     for prefix, against in baselines(reference):
         summary[f"{prefix}verdict"] = ["reference" if press == against else "-" for press in summary["press"]]
+        for name in COMPARED:
+            if name != "verdict":
+                summary[f"{prefix}{name}"] = np.nan
         for index, line in summary.iterrows():
             base_budget = FULL_CACHE if against == FULL_CACHE else line["budget"]
-            base = cells.get((line["condition"], base_budget, against))
+            base = cells.get((line["metric"], line["condition"], base_budget, against))
             if line["press"] in (against, FULL_CACHE) or base is None:
                 continue
-            cell = cells[line["condition"], line["budget"], line["press"]]
+            cell = cells[line["metric"], line["condition"], line["budget"], line["press"]]
             if against == FULL_CACHE:  # the full cache ran every example; a budget's cell may hold only some
                 base = base[base.index.isin(cell.index)]
             label = f"{line['condition']}, {line['budget']}, {line['press']} against {against}"
-            verdict, difference = compare(cell, base, label, resamples, seed)
+            verdict, difference = compare(cell, base, label, resamples, seed, line["metric"].higher_is_better)
             summary.loc[index, f"{prefix}verdict"] = verdict
             if difference is not None:
-                columns = [f"{prefix}diff", f"{prefix}diff_low", f"{prefix}diff_high"]
-                summary.loc[index, columns] = difference.mean, difference.low, difference.high
+                summary.loc[index, [f"{prefix}{name}" for name in ("diff", "diff_low", "diff_high", "p", "mde")]] = (
+                    difference.mean,
+                    difference.low,
+                    difference.high,
+                    difference.p,
+                    difference.detectable,
+                )
+    with_holm(summary, [prefix for prefix, _ in baselines(reference)])
     if reference == FULL_CACHE:  # the pairing with the full cache is the pairing with the reference
-        for name in ("diff", "diff_low", "diff_high", "verdict"):
-            if name in summary:
-                summary[f"full_{name}"] = summary[name]
-    for column in (
-        "mean",
-        "low",
-        "high",
-        "diff",
-        "diff_low",
-        "diff_high",
-        "full_diff",
-        "full_diff_low",
-        "full_diff_high",
-    ):
-        if column not in summary:
-            summary[column] = np.nan
+        for name in COMPARED:
+            summary[f"full_{name}"] = summary[name]
+    tallied = tallied_conditions(frame)
+    summary["tallied"] = [key in tallied for key in zip(summary["metric"], summary["condition"], strict=True)]
     return summary
 
 
-def compare(cell: pd.DataFrame, base: pd.DataFrame, label: str, resamples: int, seed: int) -> tuple[str, object]:
-    """The verdict of ``cell`` against ``base`` (both indexed by example) and the paired interval behind it."""
+def with_holm(table: pd.DataFrame, prefixes: list[str]) -> None:
+    """``holm_p`` and ``holm_verdict`` (per prefix) in place: Holm's correction over every win / tie / loss of one
+    metric (all prefixes together); other lines keep their verdict."""
+    for prefix in prefixes:
+        table[f"{prefix}holm_verdict"] = table[f"{prefix}verdict"]
+    for metric, group in table.groupby("metric", sort=False):
+        tested = [(i, p) for p in prefixes for i in group.index if group.loc[i, f"{p}verdict"] in VERDICTS]
+        adjusted = holm([float(table.loc[i, f"{p}p"]) for i, p in tested])
+        for (index, prefix), value in zip(tested, adjusted, strict=True):
+            difference = table.loc[index, f"{prefix}diff"]
+            table.loc[index, f"{prefix}holm_p"] = value
+            table.loc[index, f"{prefix}holm_verdict"] = holm_verdict(difference, value, metric.higher_is_better)
+
+
+def tallied_conditions(frame: pd.DataFrame) -> set[tuple[Metric, str]]:
+    """The (metric, condition)s whose examples no earlier tallied condition of the metric holds, in the scorecard's
+    order (so LoCoMo tallies "overall (1-4)" and "adversarial (5)" and lists the rest untallied)."""
+    tallied = set()
+    for metric, rows in frame.groupby("metric", sort=False):
+        taken: set = set()
+        for condition, group in rows.groupby("condition", sort=False):
+            examples = set(zip(group["benchmark"], group["example"], strict=True))
+            if not examples & taken:
+                tallied.add((metric, condition))
+                taken |= examples
+    return tallied
+
+
+def compare(
+    cell: pd.DataFrame, base: pd.DataFrame, label: str, resamples: int, seed: int, higher_is_better: bool = True
+) -> tuple[str, Difference | None]:
+    """The verdict of ``cell`` against ``base`` (both indexed by example) and the paired interval behind it (for
+    "too few" as well, from two pairs)."""
     pairs = cell.join(base, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
     outputs = pairs["output"].notna().all()
     if len(pairs) and outputs and (pairs["output"] == pairs["output_base"]).all():
         return "identical", None
     scores = np.concatenate([pairs["score"].to_numpy(), pairs["score_base"].to_numpy()])
-    if len(pairs) and (np.all(scores == 0) or np.all(scores == pairs["ceiling"].iloc[0])):
+    bounded = len(pairs) and not np.isnan(pairs["ceiling"].iloc[0])
+    if bounded and (np.all(scores == 0) or np.all(scores == pairs["ceiling"].iloc[0])):
         return "no signal", None
     if len(pairs) and (pairs["score"] == pairs["score_base"]).all():  # a [0, 0] interval: never a tie
         return ("no signal" if outputs else "identical"), None
-    if len(pairs) < MIN_PAIRS:
-        return "too few", None
+    if len(pairs) < MIN_EXAMPLES_FOR_INTERVAL:
+        return TOO_FEW, None
     difference = paired(dict(cell["score"]), dict(base["score"]), label, resamples, seed)
-    return difference.verdict(), difference
+    return (TOO_FEW if len(pairs) < MIN_PAIRS else difference.verdict(higher_is_better)), difference
 
 
 def contrast_table(
@@ -156,37 +224,44 @@ def contrast_table(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
 ) -> pd.DataFrame:
-    """Per contrast, budget and press: both conditions' means over the matched pairs, the paired difference with
-    its interval and a verdict as ``compare`` gives it (win: the first condition scores higher)."""
+    """Per contrast, budget and press, on the benchmark's first metric: both conditions' means over the matched
+    pairs, the paired difference with its interval, p-value and minimum detectable difference, a verdict as
+    ``compare`` gives it (win: the first condition is better) and one after Holm's correction over the table."""
+    metric = benchmark.metrics[0]
     lines = []
     for contrast in benchmark.contrasts:
         frame = _contrast_frame(benchmark, contrast, rows)
         for (budget, press), group in frame.groupby(["budget", "press"], sort=False):
             first, second = (group[group["side"] == side].set_index("pair") for side in (0, 1))
             label = f"{contrast.name}, {budget}, {press}"
-            verdict, difference = compare(first, second, label, resamples, seed)
+            verdict, difference = compare(first, second, label, resamples, seed, metric.higher_is_better)
             both = first.join(second, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
             line = {"contrast": prefix + contrast.name, "budget": budget, "press": press, "n": len(both)}
             line |= {"minuend": both["score"].mean(), "subtrahend": both["score_base"].mean(), "verdict": verdict}
             if difference is not None:
                 line |= {"diff": difference.mean, "diff_low": difference.low, "diff_high": difference.high}
-            lines.append(line | {"digits": benchmark.digits})
+                line |= {"p": difference.p, "mde": difference.detectable}
+            lines.append(line | {"metric": metric, "digits": metric.digits})
     columns = ["contrast", "budget", "press", "n", "minuend", "subtrahend", "diff", "diff_low", "diff_high", "verdict"]
-    return pd.DataFrame(lines).reindex(columns=[*columns, "digits"])
+    table = pd.DataFrame(lines).reindex(columns=[*columns, "p", "mde", "metric", "digits"])
+    with_holm(table, [""])
+    return table
 
 
 def _contrast_frame(benchmark: Benchmark, contrast: Contrast, rows: list[dict]) -> pd.DataFrame:
+    metric = benchmark.metrics[0]
     records = [
         {
             "side": side,
             "budget": row["budget_label"].removesuffix(OVER_THE_CONTEXT),  # the two of a pair may differ in length
             "press": row["press"],
             "pair": contrast.pair(row),
-            "score": np.nan if row.get("error") else row["score"] * benchmark.scale,
-            "output": row.get("prediction"),
-            "ceiling": benchmark.scale,
+            "score": np.nan if row.get("error") else row[metric.field] * metric.scale,
+            "output": row.get(metric.output) if metric.output else None,
+            "ceiling": metric.scale if metric.bounded else np.nan,
         }
         for row in rows
+        if row.get("error") or row.get(metric.field) is not None
         for side, condition in enumerate((contrast.minuend, contrast.subtrahend))
         if condition in benchmark.conditions(row)
     ]
@@ -198,15 +273,16 @@ def contrast_section(table: pd.DataFrame) -> list[str]:
     lines = []
     for name, group in table.groupby("contrast", sort=False):
         first, second = name.rpartition(": ")[2].split(" - ", 1)  # the combined scorecard prefixes its benchmark
+        metric = group["metric"].iloc[0]
         lines += ["", f"## {name}, paired", ""]
         lines += [
-            f"Each {first} question against the {second} question of its pair (same press, same budget); win: "
-            f"{first} scores higher.",
+            f"Each {first} question against the {second} question of its pair (same press, same budget) on "
+            f"{metric.label}; win: {first} is better. MDE and Holm as above, Holm over the contrasts.",
             "",
         ]
         lines += [
-            f"| budget | press | {first} | {second} | difference | n | verdict |",
-            "|---|---|---|---|---|---|---|",
+            f"| budget | press | {first} | {second} | difference | n | MDE | verdict | Holm |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for _, line in group.iterrows():
             digits = int(line["digits"])
@@ -216,26 +292,32 @@ def contrast_section(table: pd.DataFrame) -> list[str]:
                 else interval_text(line["diff"], line["diff_low"], line["diff_high"], digits, True)
             )
             means = [f"{line[side]:.{digits}f}" for side in ("minuend", "subtrahend")]
-            cells = [line["budget"], line["press"], *means, difference, line["n"], line["verdict"]]
-            lines.append("| " + " | ".join(map(str, cells)) + " |")
+            detectable = number_text(line["mde"], digits)
+            cells = [line["budget"], line["press"], *means, difference, line["n"], detectable]
+            lines.append("| " + " | ".join(map(str, [*cells, line["verdict"], line["holm_verdict"]])) + " |")
     return lines
 
 
-def wins_ties_losses(summary: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
-    """Per press, how many conditions it wins, ties and loses against the reference (``prefix`` "full_": against
-    the full cache); "identical", "no signal" and "too few" are no comparison and are not counted."""
-    verdicts = summary[summary[f"{prefix}verdict"].isin(VERDICTS)]
-    counts = pd.crosstab(verdicts["press"], verdicts[f"{prefix}verdict"]).reindex(columns=list(VERDICTS), fill_value=0)
+def wins_ties_losses(summary: pd.DataFrame, prefix: str = "", holm: bool = False) -> pd.DataFrame:
+    """Per press, how many tallied conditions (``tallied``: each example counted once) it wins, ties and loses
+    against the reference (``prefix`` "full_": against the full cache; ``holm``: after Holm's correction);
+    "identical", "no signal" and "too few" are no comparison and are not counted."""
+    column = f"{prefix}holm_verdict" if holm else f"{prefix}verdict"
+    counted = summary["tallied"].fillna(False).astype(bool) if "tallied" in summary else True
+    verdicts = summary[summary[column].isin(VERDICTS) & counted]
+    counts = pd.crosstab(verdicts["press"], verdicts[column]).reindex(columns=list(VERDICTS), fill_value=0)
     return counts.reindex(list(dict.fromkeys(verdicts["press"])))
 
 
 def comparisons(summary: pd.DataFrame, reference: str) -> pd.DataFrame:
-    """Every real comparison (win, tie or loss) in long form: against the reference, then against the full cache."""
+    """Every comparison with an interval (win, tie, loss, and "too few" from two pairs) in long form: against the
+    reference, then against the full cache."""
     parts = []
     for prefix, against in baselines(reference):
-        chosen = summary[summary[f"{prefix}verdict"].isin(VERDICTS)]
-        renamed = {f"{prefix}{name}": name for name in ("diff", "diff_low", "diff_high", "verdict")}
-        part = chosen[["condition", "budget", "press", "n", "digits", *renamed]].rename(columns=renamed)
+        drawn = summary[f"{prefix}verdict"].isin(VERDICTS) | summary[f"{prefix}diff"].notna()
+        renamed = {f"{prefix}{name}": name for name in COMPARED}
+        chosen = summary[drawn & (summary[f"{prefix}verdict"] != "reference")]
+        part = chosen[["metric", "condition", "budget", "press", "n", "digits", *renamed]].rename(columns=renamed)
         parts.append(part.assign(against=against))
     return pd.concat(parts, ignore_index=True)
 
@@ -243,13 +325,23 @@ def comparisons(summary: pd.DataFrame, reference: str) -> pd.DataFrame:
 def other_verdicts(summary: pd.DataFrame, prefix: str) -> str:
     """How many pairs of columns got no win / tie / loss, and why."""
     counts = summary[f"{prefix}verdict"].value_counts()
-    named = [f"{counts[v]} {v}" for v in ("identical", "no signal", "too few") if v in counts]
+    named = [f"{counts[v]} {v}" for v in ("identical", "no signal", TOO_FEW) if v in counts]
     return (
         f"Not compared: {', '.join(named)} (identical: the same output in every pair; no signal: both at the floor, "
-        f"both at the ceiling, or the same score in every pair; too few: under {MIN_PAIRS} pairs)."
+        f"both at the ceiling, or the same score in every pair; too few: under {MIN_PAIRS} pairs, their interval "
+        "listed without a verdict)."
         if named
         else ""
     )
+
+
+def number_text(value: float, digits: int) -> str:
+    return "-" if pd.isna(value) else f"{value:.{digits}f}"
+
+
+def p_text(value: float) -> str:
+    """A p-value to 3 decimals; under 0.0005, ``<0.001`` (no resampled mean crossed 0)."""
+    return "-" if pd.isna(value) else "<0.001" if value < 0.0005 else f"{value:.3f}"
 
 
 def interval_text(mean: float, low: float, high: float, digits: int, signed: bool = False) -> str:
@@ -269,6 +361,10 @@ def cell_text(line: pd.Series) -> str:
     return f"{interval_text(line['mean'], low, high, line['digits'])} ({line['n']}{failed})"
 
 
+def metrics_of(summary: pd.DataFrame) -> list[Metric]:
+    return [metric for metric in dict.fromkeys(summary["metric"]) if isinstance(metric, Metric)]
+
+
 def write_scorecard(
     output: Path,
     summary: pd.DataFrame,
@@ -280,29 +376,46 @@ def write_scorecard(
     appendix: list[str] | None = None,
     contrasts: pd.DataFrame | None = None,
 ) -> None:
-    """``scorecard.csv`` (long form), ``scorecard.md`` (conditions x budgets by press, then the differences
-    against the reference with wins / ties / losses), ``scorecard.png`` (absolute scores) and ``forest.png``. Every
-    press and budget of ``summary`` is in each: ``presses`` and ``budgets`` (a run's asked grid) come first;
-    ``contrasts`` (``contrast_table``), when it holds any, go to ``contrasts.csv`` and a section of their own;
-    ``appendix`` (markdown lines) closes the markdown. Each file is written new and renamed into place; a link
-    where one belongs is refused before any is written (``evaluation.runs.files``)."""
+    """``scorecard.csv`` (long form), ``scorecard.md`` (per metric, conditions x budgets by press, then the
+    differences against the reference with wins / ties / losses), ``scorecard.png`` (absolute values) and
+    ``forest.png``. Every press and budget of ``summary`` is in each: ``presses`` and ``budgets`` (a run's asked
+    grid) come first; ``contrasts`` (``contrast_table``), when it holds any, go to ``contrasts.csv`` and a section
+    of their own; ``appendix`` (markdown lines) closes the markdown. Each file is written new and renamed into
+    place; a link where one belongs is refused before any is written (``evaluation.runs.files``)."""
     refuse_links(output, SCORECARD_FILES)
     output.mkdir(parents=True, exist_ok=True)
-    columns = ["condition", "budget", "press", "mean", "low", "high", "n", "failed"]
-    columns += [
-        "diff",
-        "diff_low",
-        "diff_high",
-        "verdict",
-        "full_diff",
-        "full_diff_low",
-        "full_diff_high",
-        "full_verdict",
-    ]
+    columns = ["metric", "condition", "budget", "press", "mean", "low", "high", "n", "failed"]
+    columns += [f"{prefix}{name}" for prefix in ("", "full_") for name in COMPARED] + ["tallied"]
     with replaced(output / "scorecard.csv") as staging:
-        summary[columns].to_csv(staging, index=False)
+        summary.reindex(columns=columns).assign(metric=summary["metric"].map(metric_name)).to_csv(staging, index=False)
     presses = list(dict.fromkeys([*(presses or []), *summary["press"]]))  # the asked ones first, then any stored
     budgets = [b for b in dict.fromkeys([*(budgets or []), *summary["budget"]]) if b != FULL_CACHE]
+    lines = [f"# {title}", "", note, "", "![scores](scorecard.png)"]
+    metrics = metrics_of(summary)
+    for metric in metrics:
+        chosen = summary[summary["metric"] == metric]
+        lines += ["", *([f"## {metric.name} ({metric.unit})", ""] if len(metrics) > 1 else [])]
+        lines += [f"Metric: {metric.label}.", ""]
+        lines += score_table(chosen, presses, budgets)
+    for prefix, against in baselines(reference):
+        lines += comparison_section(summary, prefix, against)
+    if contrasts is not None and not contrasts.empty:
+        with replaced(output / "contrasts.csv") as staging:
+            contrasts.drop(columns="digits").assign(metric=contrasts["metric"].map(metric_name)).to_csv(
+                staging, index=False
+            )
+        lines += contrast_section(contrasts)
+    write_atomically(output / "scorecard.md", "\n".join(lines + (appendix or [])) + "\n")
+    plot_scores(output / "scorecard.png", summary, presses, budgets)
+    plot_forest(output / "forest.png", summary, reference)
+
+
+def metric_name(metric: object) -> str:
+    return metric.name if isinstance(metric, Metric) else ""
+
+
+def score_table(summary: pd.DataFrame, presses: list[str], budgets: list[str]) -> list[str]:
+    """The markdown table of one metric: a row per (condition, budget), a column per press."""
     table = summary.assign(text=summary.apply(cell_text, axis=1))
     full = table[table["press"] == FULL_CACHE].set_index("condition")["text"]
     rows = []
@@ -312,41 +425,74 @@ def write_scorecard(
             cells = table[(table["condition"] == condition) & (table["budget"] == budget)].set_index("press")["text"]
             texts = [full.get(condition, "-") if press == FULL_CACHE else cells.get(press, "-") for press in presses]
             rows.append(f"| {condition} | {budget} | " + " | ".join(texts) + " |")
-    lines = [f"# {title}", "", note, "", "![scores](scorecard.png)", ""]
-    lines += ["| condition | budget | " + " | ".join(presses) + " |", "|---|---|" + "---|" * len(presses), *rows]
-    for prefix, against in baselines(reference):
-        lines += comparison_section(summary, prefix, against)
-    if contrasts is not None and not contrasts.empty:
-        with replaced(output / "contrasts.csv") as staging:
-            contrasts.drop(columns="digits").to_csv(staging, index=False)
-        lines += contrast_section(contrasts)
-    write_atomically(output / "scorecard.md", "\n".join(lines + (appendix or [])) + "\n")
-    plot_scores(output / "scorecard.png", summary, presses, budgets)
-    plot_forest(output / "forest.png", summary, reference)
+    return ["| condition | budget | " + " | ".join(presses) + " |", "|---|---|" + "---|" * len(presses), *rows]
 
 
 def comparison_section(summary: pd.DataFrame, prefix: str, against: str) -> list[str]:
-    """The markdown of one set of paired comparisons: the tallies, then one line per real comparison."""
-    counts, name = wins_ties_losses(summary, prefix), baseline_name(against)
+    """The markdown of one set of paired comparisons, per metric: the tallies (each example counted once), then
+    one line per comparison with an interval."""
+    name, metrics = baseline_name(against), metrics_of(summary)
     lines = ["", f"## Against {name}", ""]
     if prefix == "":
         lines += ["![differences](forest.png)", ""]
-    if counts.empty:
-        return [*lines, other_verdicts(summary, prefix) or "Nothing to compare."]
-    lines += [f"Wins / ties / losses against {name} (a tie is a paired interval that contains 0):", ""]
-    lines += [f"- {press}: {row['win']} / {row['tie']} / {row['loss']}" for press, row in counts.iterrows()]
+    lines += [POWER_NOTE]
+    for metric in metrics:
+        chosen = summary[summary["metric"] == metric]
+        lines += ["", *([f"### {metric.name} ({metric.unit})", ""] if len(metrics) > 1 else [])]
+        lines += metric_comparisons(chosen, prefix, against, metric)
+    return lines
+
+
+def metric_comparisons(summary: pd.DataFrame, prefix: str, against: str, metric: Metric) -> list[str]:
+    counts, name = wins_ties_losses(summary, prefix), baseline_name(against)
+    listed = summary[summary[f"{prefix}verdict"].isin(VERDICTS) | summary[f"{prefix}diff"].notna()]
+    listed = listed[listed[f"{prefix}verdict"] != "reference"]
+    if listed.empty:
+        return [other_verdicts(summary, prefix) or "Nothing to compare."]
+    lines = []
+    if not counts.empty:
+        corrected = wins_ties_losses(summary, prefix, holm=True).reindex(counts.index, fill_value=0)
+        lines += [
+            f"Wins / ties / losses against {name} on {metric.label} (a tie is a paired interval that contains 0), "
+            "and after Holm's correction:",
+            "",
+        ]
+        lines += [
+            f"- {press}: {row['win']} / {row['tie']} / {row['loss']} (Holm: "
+            f"{corrected.loc[press, 'win']} / {corrected.loc[press, 'tie']} / {corrected.loc[press, 'loss']})"
+            for press, row in counts.iterrows()
+        ]
+        lines += overlap_note(summary, prefix)
     lines += ["", other_verdicts(summary, prefix)] if other_verdicts(summary, prefix) else []
     lines += [
         "",
-        f"| condition | budget | press | difference vs {against} | n | verdict |",
-        "|---|---|---|---|---|---|",
+        f"| condition | budget | press | difference vs {against} | n | MDE | verdict | Holm p | Holm |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for _, line in summary[summary[f"{prefix}verdict"].isin(VERDICTS)].iterrows():
+    for _, line in listed.iterrows():
+        digits = int(line["digits"])
         diff = [line[f"{prefix}diff"], line[f"{prefix}diff_low"], line[f"{prefix}diff_high"]]
-        difference = interval_text(*diff, line["digits"], signed=True)
-        cells = [line["condition"], line["budget"], line["press"], difference, line["n"], line[f"{prefix}verdict"]]
+        difference = interval_text(*diff, digits, signed=True)
+        cells = [line["condition"], line["budget"], line["press"], difference, line["n"]]
+        cells += [number_text(line[f"{prefix}mde"], digits), line[f"{prefix}verdict"]]
+        cells += [p_text(line[f"{prefix}holm_p"]), line[f"{prefix}holm_verdict"]]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return lines
+
+
+def overlap_note(summary: pd.DataFrame, prefix: str) -> list[str]:
+    """Which conditions the tallies leave out because their examples are already counted."""
+    compared = summary[summary[f"{prefix}verdict"].isin(VERDICTS)]
+    counted = compared["tallied"].fillna(False).astype(bool)
+    left_out = list(dict.fromkeys(compared.loc[~counted, "condition"]))
+    if not left_out:
+        return []
+    kept = ", ".join(dict.fromkeys(compared.loc[counted, "condition"]))
+    return [
+        "",
+        f"The tallies count each example once: they count {kept}; {', '.join(left_out)} share examples with "
+        "those and are listed below, not tallied.",
+    ]
 
 
 def save_figure(figure: Figure, path: Path, dpi: int | None = 110) -> Figure:
@@ -365,18 +511,19 @@ def legend_handles(presses: list[str]) -> list[Line2D]:
 
 
 def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: list[str]) -> Figure:
-    """Absolute scores against budget, one panel per condition: a line per press with its interval, the full
-    cache a dashed reference line; the legend sits below the panels."""
-    conditions = list(dict.fromkeys(summary["condition"]))
+    """Absolute values against budget, one panel per (metric, condition), its axes labelled with the metric's
+    unit and direction: a line per press with its interval, the full cache a dashed reference line; the legend
+    sits below the panels."""
+    panels = list(dict.fromkeys(zip(summary["metric"], summary["condition"], strict=True)))
     compressed = [press for press in presses if press != FULL_CACHE]
-    columns = min(3, len(conditions))
-    rows = -(-len(conditions) // columns)
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
     legend_rows = -(-len(presses) // 4)
-    figure = Figure(figsize=(3.6 * columns + 0.6, 2.7 * rows + 0.35 * legend_rows + 0.4), layout="constrained")
+    figure = Figure(figsize=(3.8 * columns + 0.6, 2.9 * rows + 0.35 * legend_rows + 0.4), layout="constrained")
     axes = figure.subplots(rows, columns, squeeze=False)
     colors = {press: f"C{i % 10}" for i, press in enumerate(compressed)}
-    for axis, condition in zip(axes.flat, conditions, strict=False):
-        chosen = summary[summary["condition"] == condition]
+    for axis, (metric, condition) in zip(axes.flat, panels, strict=False):
+        chosen = summary[(summary["metric"] == metric) & (summary["condition"] == condition)]
         full = chosen[chosen["press"] == FULL_CACHE]
         if len(full) and not pd.isna(full["mean"].iloc[0]):
             axis.axhline(full["mean"].iloc[0], color="black", linestyle="--", linewidth=1)
@@ -396,9 +543,11 @@ def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: 
             )
         axis.set_title(condition, fontsize=8)
         axis.set_xticks(range(len(budgets)), budgets, fontsize=7)
+        axis.set_xlabel("budget (cache kept)", fontsize=7)
+        axis.set_ylabel(wrapped(f"{metric.name} ({metric.unit}; {metric.direction})"), fontsize=7)
         axis.tick_params(axis="y", labelsize=7)
         axis.grid(alpha=0.3)
-    for axis in list(axes.flat)[len(conditions) :]:
+    for axis in list(axes.flat)[len(panels) :]:
         axis.set_visible(False)
     handles = [Line2D([], [], color="black", linestyle="--", label="full cache")] if FULL_CACHE in presses else []
     handles += [
@@ -409,55 +558,91 @@ def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: 
     return save_figure(figure, path)
 
 
+def wrapped(text: str, width: int = 34) -> str:
+    """An axis label broken into lines of about ``width`` characters, at spaces."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + len(word) < width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
 def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
     """The paper's Figure 3 as a forest plot: a row per (condition, budget), a marker per press (its shape in the
     legend) at its paired difference with its interval, coloured by verdict, around a zero line. A panel per
-    comparison (against the reference, then against the full cache), and within it per benchmark scale (the
-    ``digits`` a benchmark reports). Only real comparisons (win, tie, loss) are drawn."""
+    comparison (against the reference, then against the full cache) and metric, its axis labelled with the metric's
+    unit and direction. Comparisons under ``MIN_PAIRS`` pairs are drawn hollow and grey: an interval, no verdict."""
     compared = comparisons(summary, reference)
     if compared.empty:  # still a picture, so that no earlier one is left standing
         figure = Figure(figsize=(5, 0.8), layout="constrained")
-        figure.text(0.5, 0.5, "no win / tie / loss: every pair identical, without signal, or too few", ha="center")
+        figure.text(0.5, 0.5, "nothing to draw: every pair identical or without signal", ha="center")
         return save_figure(figure, path)
     presses = list(dict.fromkeys(compared["press"]))
-    groups = list(compared.groupby(["against", "digits"], sort=False))
+    groups = list(compared.groupby(["against", "metric"], sort=False))
     heights = [len(group.groupby(["condition", "budget"])) for _, group in groups]
-    legend_rows = -(-len(presses) // 4) + 1
+    legend_rows = -(-(len(presses) + 4) // 3)
     figure = Figure(
-        figsize=(8.5, 0.32 * sum(heights) + 0.9 * len(heights) + 0.3 * legend_rows + 0.5), layout="constrained"
+        figsize=(8.5, 0.32 * sum(heights) + 1.1 * len(heights) + 0.3 * legend_rows + 0.5), layout="constrained"
     )
-    axes = figure.subplots(len(heights), 1, squeeze=False, height_ratios=[h + 1.5 for h in heights])[:, 0]
-    spread = 0.7 / max(len(presses), 1)
-    for axis, ((against, _), group) in zip(axes, groups, strict=True):
-        rows = list(dict.fromkeys(zip(group["condition"], group["budget"], strict=True)))
-        for position, (condition, budget) in enumerate(rows):
-            for i, press in enumerate(presses):
-                line = group[
-                    (group["condition"] == condition) & (group["budget"] == budget) & (group["press"] == press)
-                ]
-                if line.empty:
-                    continue
-                line = line.iloc[0]
-                y = position + (i - (len(presses) - 1) / 2) * spread
-                errors = [[line["diff"] - line["diff_low"]], [line["diff_high"] - line["diff"]]]
-                axis.errorbar(
-                    line["diff"],
-                    y,
-                    xerr=errors,
-                    marker=MARKERS[i % len(MARKERS)],
-                    color=VERDICT_COLORS[line["verdict"]],
-                    markersize=4,
-                    capsize=2,
-                    linewidth=1,
-                )
-        axis.axvline(0, color="black", linewidth=0.8)
-        axis.set_yticks(range(len(rows)), [f"{condition}, {budget}" for condition, budget in rows], fontsize=7)
-        axis.set_ylim(len(rows) - 0.5, -0.5)
-        axis.tick_params(axis="x", labelsize=7)
-        axis.set_xlabel(f"difference against {baseline_name(against)} (95% paired bootstrap interval)", fontsize=7)
-        axis.grid(alpha=0.3, axis="x")
-    verdicts = [Line2D([], [], marker="s", linestyle="", color=c, label=v) for v, c in VERDICT_COLORS.items()]
+    axes = figure.subplots(len(heights), 1, squeeze=False, height_ratios=[h + 2 for h in heights])[:, 0]
+    for axis, ((against, metric), group) in zip(axes, groups, strict=True):
+        forest_panel(axis, group, presses)
+        no_verdict = (
+            f"; no verdict: every comparison has under {MIN_PAIRS} pairs" if (group["verdict"] == TOO_FEW).all() else ""
+        )
+        axis.set_title(f"{metric.name} against {baseline_name(against)}{no_verdict}", fontsize=8)
+        axis.set_xlabel(
+            f"difference against {baseline_name(against)} ({metric.name}, {metric.unit}; {metric.direction}; 95% "
+            "paired bootstrap interval)",
+            fontsize=7,
+        )
+        axis.set_ylabel("condition, budget", fontsize=7)
+    verdicts = [
+        Line2D([], [], marker="s", linestyle="", color=c, label=v) for v, c in VERDICT_COLORS.items() if v != TOO_FEW
+    ]
+    verdicts.append(
+        Line2D(
+            [],
+            [],
+            marker="s",
+            linestyle="",
+            color=VERDICT_COLORS[TOO_FEW],
+            markerfacecolor="none",
+            label=f"too few (under {MIN_PAIRS} pairs): no verdict",
+        )
+    )
     figure.legend(
-        handles=legend_handles(presses) + verdicts, loc="outside lower center", ncols=4, fontsize=7, frameon=False
+        handles=legend_handles(presses) + verdicts, loc="outside lower center", ncols=3, fontsize=7, frameon=False
     )
     return save_figure(figure, path)
+
+
+def forest_panel(axis: Axes, group: pd.DataFrame, presses: list[str]) -> None:
+    """One panel's rows: each press's difference and interval at each (condition, budget)."""
+    rows = list(dict.fromkeys(zip(group["condition"], group["budget"], strict=True)))
+    spread = 0.7 / max(len(presses), 1)
+    for position, (condition, budget) in enumerate(rows):
+        for i, press in enumerate(presses):
+            line = group[(group["condition"] == condition) & (group["budget"] == budget) & (group["press"] == press)]
+            if line.empty:
+                continue
+            line = line.iloc[0]
+            color = VERDICT_COLORS[line["verdict"]]
+            axis.errorbar(
+                line["diff"],
+                position + (i - (len(presses) - 1) / 2) * spread,
+                xerr=[[line["diff"] - line["diff_low"]], [line["diff_high"] - line["diff"]]],
+                marker=MARKERS[i % len(MARKERS)],
+                color=color,
+                markerfacecolor="none" if line["verdict"] == TOO_FEW else color,
+                markersize=4,
+                capsize=2,
+                linewidth=1,
+            )
+    axis.axvline(0, color="black", linewidth=0.8)
+    axis.set_yticks(range(len(rows)), [f"{condition}, {budget}" for condition, budget in rows], fontsize=7)
+    axis.set_ylim(len(rows) - 0.5, -0.5)
+    axis.tick_params(axis="x", labelsize=7)
+    axis.grid(alpha=0.3, axis="x")

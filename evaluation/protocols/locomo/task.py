@@ -40,7 +40,13 @@ def conditions(row: dict) -> list[str]:
 
 CONDITION_ORDER = (OVERALL, "first turn", "later turns", VISIBLE, *(f"{CATEGORIES[c]} ({c})" for c in PAPER_ORDER))
 BENCHMARK = Benchmark(
-    "LoCoMo", conditions, lambda row: (row["conversation"], row["question_index"]), 1, 3, CONDITION_ORDER
+    "LoCoMo",
+    conditions,
+    lambda row: (row["conversation"], row["question_index"]),
+    1,
+    3,
+    CONDITION_ORDER,
+    unit="F1, 0 to 1; adversarial: its own rule",
 )
 
 

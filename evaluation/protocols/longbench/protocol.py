@@ -55,7 +55,9 @@ class LongBench(Protocol[LongBenchConfig]):
         "OUTPUT/predictions.jsonl (one line per finished cell; rerunning resumes), scorecard.{md,csv} with "
         "pictures, and run.json."
     )
-    benchmark = Benchmark("LongBench", conditions, lambda row: (row["task"], row["id"]), 100, 2)
+    benchmark = Benchmark(
+        "LongBench", conditions, lambda row: (row["task"], row["id"]), 100, 2, unit="points, 100 x mean"
+    )
     presses = DEFAULT_PRESSES
     implementation = "evaluation.protocols.longbench.work"
 

@@ -25,6 +25,7 @@ from evaluation.protocols.longbench.data import (
 from evaluation.protocols.longbench.degeneracy import degeneracy_lines
 from evaluation.protocols.longbench.protocol import LongBench
 from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.reporting.conditions import ANSWER_NLL
 from evaluation.reporting.scorecard import scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
@@ -33,16 +34,22 @@ from evaluation.runs.record import fingerprint
 
 
 def with_average(summary: pd.DataFrame) -> pd.DataFrame:
-    """With several tasks, a row per (budget, press) holding the mean of its task scores (where it has them all)."""
+    """With several tasks, a row per (metric, budget, press) holding the mean of its task means (where it has them
+    all); it is no comparison and no tally."""
     tasks = summary["condition"].nunique()
     if tasks < 2:
         return summary
-    groups = summary.groupby(["budget", "press"], sort=False)
-    means = groups.agg(mean=("mean", "mean"), n=("n", "sum"), failed=("failed", "sum"), tasks=("mean", "count"))
-    means = means[means.pop("tasks") == tasks].reset_index()
-    return pd.concat(
-        [summary, means.assign(condition="average", digits=2, verdict="-", full_verdict="-")], ignore_index=True
+    groups = summary.groupby(["metric", "budget", "press"], sort=False)
+    means = groups.agg(
+        mean=("mean", "mean"),
+        n=("n", "sum"),
+        failed=("failed", "sum"),
+        tasks=("mean", "count"),
+        digits=("digits", "first"),
     )
+    means = means[means.pop("tasks") == tasks].reset_index()
+    unjudged = {column: "-" for column in summary if column.endswith("verdict")}
+    return pd.concat([summary, means.assign(condition="average", tallied=False, **unjudged)], ignore_index=True)
 
 
 def checked_cells(config: LongBenchConfig, dry_run: bool = False) -> list[Cell]:
@@ -121,20 +128,15 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
     output = config.output
     data_dir = resolve_data_dir(config.data_dir, config.tasks)
     task_configs = load_configs(data_dir, config.tasks)
-    benchmark = replace(protocol.benchmark, scale=1, digits=3) if config.likelihood_only else protocol.benchmark
+    measured = (ANSWER_NLL,) if config.likelihood_only else ()
+    benchmark = replace(protocol.benchmark, measured=measured)
     summary = with_average(summarize(scores_frame(benchmark, rows), REFERENCE))
+    scored = "Likelihood only: the first gold answer's" if config.likelihood_only else "The official task score"
     note = (
-        "The official task score (100 x mean); each cell: mean [95% bootstrap interval over examples] (n). "
-        "The full cache is repeated on every budget row; with several tasks, `average` is the mean of the "
-        "task scores."
+        f"{scored}, and each metric's unit and direction above its table; each cell: mean [95% bootstrap interval "
+        "over examples] (n). The full cache is repeated on every budget row; with several tasks, `average` is the "
+        "mean of the task means."
     )
-    if config.likelihood_only:
-        note = (
-            "Likelihood only: the first gold answer's mean negative log-likelihood per token (nats), lower is "
-            "better, so a 'win' below is a higher NLL (a loss of likelihood) and a 'loss' a lower one; each cell: "
-            "mean [95% bootstrap interval over examples] (n). The full cache is repeated on every budget row; with "
-            "several tasks, `average` is the mean of the task means."
-        )
     labels = [b.label for b in config.budgets]
     caps = {task: task_config.max_new_tokens for task, task_config in task_configs.items()}
     appendix = [] if config.likelihood_only else degeneracy_lines(rows, caps)

@@ -79,7 +79,9 @@ def conditions(row: ProbeRow) -> list[str]:
     return [OVERALL, CORRECT if row["correct"] else INCORRECT]
 
 
-BENCHMARK = Benchmark("Probe", conditions, lambda row: (row["probe"],), 100, 1, (OVERALL, CORRECT, INCORRECT))
+BENCHMARK = Benchmark(
+    "Probe", conditions, lambda row: (row["probe"],), 100, 1, (OVERALL, CORRECT, INCORRECT), unit="% of probes"
+)
 
 
 class Probes(Protocol[ProbeConfig]):

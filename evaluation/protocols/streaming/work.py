@@ -23,6 +23,7 @@ from evaluation.protocols.streaming.placements import (
     select_conversations,
 )
 from evaluation.protocols.streaming.protocol import Streamed
+from evaluation.reporting.conditions import ANSWER_NLL, Metric
 from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
@@ -168,15 +169,20 @@ def plan(protocol: Streamed, config: StreamConfig) -> Plan:
     return Plan(units, work, settings, sample=("data_fingerprint",))
 
 
+ANSWER_HELD = Metric(
+    "answer held", "% of layer x KV head slots holding a copy of the answer", 1, 100, field="retention", output=None
+)  # where a task records retention; equal shares, not equal predictions, make two presses identical
+
+
 def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) -> None:
     if not rows:
         return
     task, output = protocol.task, config.output
-    benchmark = replace(task.benchmark, scale=1, digits=3) if config.likelihood_only else task.benchmark
+    benchmark = replace(task.benchmark, measured=(ANSWER_NLL,)) if config.likelihood_only else task.benchmark
     frame = scores_frame(benchmark, rows)
     if task.retention:
-        measured = [{**row, "score": row["retention"]} for row in rows if row.get("retention") is not None]
-        frame = pd.concat([frame, scores_frame(task.benchmark, measured, RETAINED)], ignore_index=True)
+        held = replace(task.benchmark, measured=(ANSWER_HELD,))
+        frame = pd.concat([frame, scores_frame(held, rows, RETAINED)], ignore_index=True)
     order = task.benchmark.order
 
     def rank(name: str) -> int:
@@ -184,12 +190,7 @@ def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) 
         return (plain != name) * (len(order) + 1) + (order.index(plain) if plain in order else len(order))
 
     frame = frame.sort_values("condition", key=lambda c: c.map(rank), kind="stable")
-    metric = task.metric
-    if config.likelihood_only:
-        metric = (
-            "Likelihood only: the gold answer's mean negative log-likelihood per token (nats), lower is better, so "
-            "a 'win' below is a higher NLL (a loss of likelihood) and a 'loss' a lower one"
-        )
+    metric = "Likelihood only: the gold answer's likelihood" if config.likelihood_only else task.metric
     note = (
         f"{metric}, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean "
         f"[95% bootstrap interval over questions] (n){task.caveat}."

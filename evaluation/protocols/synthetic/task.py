@@ -79,7 +79,14 @@ def _benchmark(
     name: str, conditions: Callable[[dict], list[str]], order: tuple[str, ...], contrasts: tuple[Contrast, ...] = ()
 ) -> Benchmark:
     return Benchmark(
-        name, conditions, lambda row: (row["conversation"], row["question_index"]), 100, 1, order, contrasts
+        name,
+        conditions,
+        lambda row: (row["conversation"], row["question_index"]),
+        100,
+        1,
+        order,
+        contrasts,
+        unit="accuracy, %",
     )
 
 

@@ -61,7 +61,9 @@ def conditions(row: TraceRow) -> list[str]:
     return [] if row["metric"] == SUMMARY else [row["metric"]]
 
 
-BENCHMARK = Benchmark("Traces", conditions, lambda row: (row["trace"],), 1, 3, METRICS)
+BENCHMARK = Benchmark(
+    "Traces", conditions, lambda row: (row["trace"],), 1, 3, METRICS, unit="each condition's own measure"
+)
 PROTOCOL = "traces"
 
 
