@@ -21,7 +21,7 @@ from evaluation.runs.files import refuse_links
 POSITION_PICTURE = "nll_by_position.png"
 NOTE = (
     "Each cell: the mean NLL per scored token (nats; every token after the first), mean [95% bootstrap interval over "
-    "texts] (n), lower is better, so a 'win' against the full cache is a higher NLL. Streaming: {form}. The "
+    "texts] (n), lower is better. Streaming: {form}. The "
     "perplexity section below holds the same cells as exp(NLL)."
 )
 

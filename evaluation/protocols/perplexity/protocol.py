@@ -13,7 +13,7 @@ from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.protocols.options import whole
 from evaluation.protocols.perplexity.config import EXACT, PerplexityConfig
 from evaluation.protocols.protocol import Protocol, Row, register
-from evaluation.reporting.conditions import Benchmark
+from evaluation.reporting.conditions import Benchmark, Metric
 from evaluation.runs.data_location import shared_data
 from evaluation.runs.models import ModelSettings
 
@@ -37,6 +37,11 @@ class PerplexityRow(Row):
     streamed_as: str
 
 
+STREAMED_NLL = Metric(
+    "NLL", "nats per token", 4, higher_is_better=False, bounded=False, output=None
+)  # a streamed text's mean negative log-likelihood per scored token (the row's score)
+
+
 def conditions(row: PerplexityRow) -> list[str]:
     return ["perplexity"]
 
@@ -50,7 +55,7 @@ class Perplexity(Protocol[PerplexityConfig]):
         "and score every token after the first. Results go to OUTPUT/predictions.jsonl (one line per text x press x "
         "budget; rerunning resumes), scorecard.{md,csv} with pictures, and run.json."
     )
-    benchmark = Benchmark("Perplexity", conditions, lambda row: (row["text"],), 1, 4)
+    benchmark = Benchmark("Perplexity", conditions, lambda row: (row["text"],), 1, 4, measured=(STREAMED_NLL,))
     presses = DEFAULT_PRESSES
     implementation = "evaluation.protocols.perplexity.work"
 
