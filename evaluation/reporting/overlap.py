@@ -15,10 +15,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from evaluation.catalogue.budgets import OVER_THE_CONTEXT
 from evaluation.reporting.intervals import MIN_EXAMPLES_FOR_INTERVAL, bootstrap
 from evaluation.reporting.scorecard import interval_text, save_figure
+from evaluation.runs.files import refuse_links
 
 PICTURE = "overlap.png"
 
@@ -63,6 +65,8 @@ def overlap_section(output: Path, rows: list[dict], reference: str) -> list[str]
         low, high = (interval.low, interval.high) if len(group) >= MIN_EXAMPLES_FOR_INTERVAL else (np.nan, np.nan)
         text = f"{interval_text(interval.mean, low, high, 3)} ({len(group)})"
         lines.append(f"| {press} | {budget} | {text} | {group['least'].mean():.3f} |")
+    refuse_links(output, [PICTURE])
+    output.mkdir(parents=True, exist_ok=True)
     plot_layers(output / PICTURE, frame, reference)
     return lines
 
@@ -78,9 +82,10 @@ def plot_layers(path: Path, frame: pd.DataFrame, reference: str) -> Figure:
             chosen = frame[(frame["budget"] == budget) & (frame["press"] == press)]
             if len(chosen):
                 per_layer = np.mean(np.array(chosen["layers"].tolist(), dtype=np.float64), axis=0)
-                axis.plot(range(len(per_layer)), per_layer, color=f"C{i % 10}", linewidth=1)
+                axis.plot(range(len(per_layer)), per_layer, color=f"C{i % 10}", marker=".", linewidth=1)
         axis.set_title(f"budget {budget}", fontsize=8)
         axis.set_xlabel("layer", fontsize=7)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylim(0, 1.02)
         axis.tick_params(labelsize=7)
         axis.grid(alpha=0.3)
