@@ -46,23 +46,36 @@ def answer_spans(token_ids: list[int], answer_ids: list[int]) -> list[list[int]]
     ]
 
 
-def retention(history: DynamicCache, compressed: Compressed, spans: list[list[int]]) -> float | None:
-    """The share of (layer, KV head) slots in which every position of at least one span is in the cache and
-    visible; None with no span, or when the cache's keys are not copies of the history's."""
-    if not spans:
-        return None
+def held_positions(history: DynamicCache, compressed: Compressed) -> list[torch.Tensor] | None:
+    """Per layer, (batch, num_kv_heads, length) True at each history position the press's cache holds visibly (a
+    masked key is held but never seen); None when the cache's keys are not copies of the history's."""
     if not compressed.owned:  # the history's own cache: everything is held
-        return 1.0
+        return [torch.ones(full.keys.shape[:3], dtype=torch.bool, device=full.keys.device) for full in history.layers]
     held = []
     for layer, full, mask in zip(compressed.cache.layers, history.layers, compressed.masks, strict=True):
         positions = kept_positions(full.keys, layer.keys)
         if positions is None:
             return None
         length = full.keys.shape[2]
-        if mask is not None:  # a masked key is held but never seen: it goes to a slot past the history
+        if mask is not None:  # a masked key goes to a slot past the history
             positions = positions.masked_fill(mask, length)
         present = torch.zeros(*positions.shape[:2], length + 1, dtype=torch.bool, device=positions.device)
-        present = present.scatter(-1, positions, True)[..., :length]
+        held.append(present.scatter(-1, positions, True)[..., :length])
+    return held
+
+
+def retention(history: DynamicCache, compressed: Compressed, spans: list[list[int]]) -> float | None:
+    """The share of (layer, KV head) slots in which every position of at least one span is in the cache and
+    visible; None with no span, or when the cache's keys are not copies of the history's."""
+    if not spans:
+        return None
+    if not compressed.owned:
+        return 1.0
+    layers = held_positions(history, compressed)
+    if layers is None:
+        return None
+    held = []
+    for present in layers:
         copies = torch.stack([present[..., span].all(-1) for span in spans], -1)
         held.append(copies.any(-1).float().mean().item())
     return sum(held) / len(held)

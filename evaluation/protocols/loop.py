@@ -3,9 +3,10 @@ and the finish. What differs between protocols is the ``Protocol`` (``evaluation
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
-from evaluation.protocols.protocol import SAMPLE, SCORES, Protocol, recorded, results_defining
+from evaluation.protocols.protocol import SAMPLE, SCORES, Protocol, lacks, recorded, results_defining
 from evaluation.runs.backends import LOCAL, Backend, run_units
 from evaluation.runs.record import RunRecord
 from evaluation.runs.store import ResultStore
@@ -20,7 +21,8 @@ def run(protocol: Protocol, config, backend: Backend = LOCAL) -> Path:
     record = RunRecord(config.output, settings, tuple(defining), protocol.record_defaults(), protocol.name, pooled)
     with record:
         store = ResultStore(config.output / "predictions.jsonl", protocol.row_key)
-        outcome = run_units(plan.units, plan.work, config.model, store, backend)
+        incomplete = partial(lacks, fields=protocol.likelihood)  # older rows without the answer's likelihood
+        outcome = run_units(plan.units, plan.work, config.model, store, backend, incomplete)
         protocol.write_scorecard(config, store.rows)
         record.finish(outcome, backend=backend.kind)
     outcome.raise_failures(backend.retries)

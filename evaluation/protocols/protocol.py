@@ -90,6 +90,15 @@ class Row(TypedDict):
     error: NotRequired[str]
 
 
+LIKELIHOOD = ("answer_nll", "answer_tokens")  # a row's gold answer likelihood, as LongBench and streamed rows hold it
+
+
+def lacks(row: Row | None, fields: tuple[str, ...]) -> bool:
+    """A stored row of a cell that ran (not a failed one) without some of ``fields``: older code's, which a resumed
+    run completes without running the cell again."""
+    return row is not None and not row.get("error") and any(field not in row for field in fields)
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a run does once its settings are checked and its data read: its units, the work of one unit, and what
@@ -123,6 +132,7 @@ class Protocol(ABC, Generic[C]):
     presses: tuple[str, ...] | None = None
     implementation: str = ""
     reference: ClassVar[str] = REFERENCE
+    likelihood: ClassVar[tuple[str, ...]] = ()  # a row's answer likelihood fields, completed on resume (``lacks``)
 
     @abstractmethod
     def add_options(self, parser: argparse.ArgumentParser) -> None:

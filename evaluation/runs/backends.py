@@ -1,7 +1,8 @@
 """Where a protocol's units of work run: in this process (``local``) or on a Ray cluster (``ray``).
 
 A unit is the protocol's natural piece (one LongBench example with all its cells, one LoCoMo conversation,
-one trace). ``work(loaded, unit, store)`` computes a unit's missing rows and appends them to ``store``.
+one trace). ``work(loaded, unit, store)`` computes a unit's missing rows and appends them to ``store``, and
+completes (``store.amend``) the stored rows that older code left ``incomplete`` (without the answer's likelihood).
 Locally that is the run's own ``ResultStore``. On Ray each worker loads the model once, fills an in-memory
 store seeded with the unit's finished rows, and returns the new rows; only the driver writes them, so the
 results file, the resume rule and the scorecards are the same as a local run's. A unit whose worker fails or
@@ -55,6 +56,11 @@ LOCAL = Backend()
 
 
 Work = Callable[[Any, Unit, ResultStore], None]
+Incomplete = Callable[[dict], bool]  # a stored row the unit's work completes
+
+
+def complete_nothing(row: dict) -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -73,29 +79,42 @@ class Outcome:
             )
 
 
-def run_units(units: list[Unit], work: Work, model: ModelSettings, store: ResultStore, backend: Backend) -> Outcome:
-    """Run every unit that still lacks a result, with ``model`` loaded once per process."""
-    todo = [unit for unit in units if not all(key in store for key in unit.keys)]
+def run_units(
+    units: list[Unit],
+    work: Work,
+    model: ModelSettings,
+    store: ResultStore,
+    backend: Backend,
+    incomplete: Incomplete = complete_nothing,
+) -> Outcome:
+    """Run every unit that still lacks a result or holds an ``incomplete`` one, with ``model`` loaded once per
+    process."""
+    todo = [unit for unit in units if pending(unit, store, incomplete)]
     if not todo:
         return Outcome(0, {}, {})
     if backend.kind == "local":
         loaded = model.load()
         started, seconds = time.time(), {}
         for done, unit in enumerate(tqdm(todo, desc="units", unit="unit", disable=not interactive()), start=1):
-            seconds[unit.name] = timed(work, loaded, unit, store)
+            seconds[unit.name] = timed(work, loaded, unit, store, incomplete)
             if not interactive():
                 print(f"[{done}/{len(todo)}] {unit.name} done ({time.time() - started:.0f} s so far)", flush=True)
         return Outcome(len(todo), {}, seconds)
-    return run_on_ray(todo, work, model, store, backend)
+    return run_on_ray(todo, work, model, store, backend, incomplete)
 
 
-def timed(work: Work, loaded: Any, unit: Unit, store: ResultStore) -> float:
+def pending(unit: Unit, store: ResultStore, incomplete: Incomplete) -> list:
+    """The unit's keys whose row is missing from ``store`` or ``incomplete`` there."""
+    return [key for key in unit.keys if key not in store or incomplete(store.get(key))]
+
+
+def timed(work: Work, loaded: Any, unit: Unit, store: ResultStore, incomplete: Incomplete = complete_nothing) -> float:
     """Run one unit; an error that is not the harness's own (out of memory, a device error, a bug) stops the run
     with a message that names the unit and says that what finished is saved."""
     start = time.perf_counter()
     try:
         work(loaded, unit, store)
-        check_complete(unit, store)
+        check_complete(unit, store, incomplete)
     except EvaluationError:
         raise
     except OSError as error:
@@ -112,9 +131,10 @@ def timed(work: Work, loaded: Any, unit: Unit, store: ResultStore) -> float:
     return round(time.perf_counter() - start, 2)
 
 
-def check_complete(unit: Unit, store: ResultStore) -> None:
-    """A unit that returned without every result it promised stops the run (a rerun would stream it again forever)."""
-    missing = [key for key in unit.keys if key not in store]
+def check_complete(unit: Unit, store: ResultStore, incomplete: Incomplete = complete_nothing) -> None:
+    """A unit that returned without every result it promised, or with one still incomplete, stops the run (a rerun
+    would stream it again forever)."""
+    missing = pending(unit, store, incomplete)
     if missing:
         raise EvaluationError(
             f"{unit.name} finished without {len(missing)} of its {len(unit.keys)} results (the first: "
@@ -138,11 +158,11 @@ class RayWorker:
         self.loaded = load()
 
     def run(
-        self, work: Work, unit: Unit, rows: list[dict], key: Callable[[dict], Hashable]
-    ) -> tuple[list[dict], float]:
+        self, work: Work, unit: Unit, rows: list[dict], key: Callable[[dict], Hashable], incomplete: Incomplete
+    ) -> tuple[list[dict], list[dict], float]:
         store = MemoryStore(key, rows)
-        seconds = timed(work, self.loaded, unit, store)
-        return store.new_rows, seconds
+        seconds = timed(work, self.loaded, unit, store, incomplete)
+        return store.new_rows, store.amended_rows, seconds
 
 
 def worker_options(model: ModelSettings, resources: dict, workers: int | None) -> tuple[int, dict]:
@@ -174,7 +194,9 @@ def check_ray_address(address: str | None, seconds: float = 10.0) -> None:
         ) from None
 
 
-def run_on_ray(units: list[Unit], work: Work, model: ModelSettings, store: ResultStore, backend: Backend) -> Outcome:
+def run_on_ray(
+    units: list[Unit], work: Work, model: ModelSettings, store: ResultStore, backend: Backend, incomplete: Incomplete
+) -> Outcome:
     import ray
 
     if not ray.is_initialized():
@@ -205,11 +227,11 @@ def run_on_ray(units: list[Unit], work: Work, model: ModelSettings, store: Resul
             while queue and len(running) < len(pool):
                 worker = next(w for w in pool if all(w is not busy for busy, _ in running.values()))
                 unit = queue.pop(0)
-                running[worker.run.remote(work, unit, unit_rows(unit), store.key)] = (worker, unit)
+                running[worker.run.remote(work, unit, unit_rows(unit), store.key, incomplete)] = (worker, unit)
             ready, _ = ray.wait(list(running), num_returns=1)
             worker, unit = running.pop(ready[0])
             try:
-                rows, seconds[unit.name] = ray.get(ready[0])
+                rows, amended, seconds[unit.name] = ray.get(ready[0])
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
                 tries[unit.name] += 1
                 if isinstance(error, ray.exceptions.RayActorError):
@@ -224,5 +246,6 @@ def run_on_ray(units: list[Unit], work: Work, model: ModelSettings, store: Resul
             for row in rows:
                 if store.key(row) not in store:
                     store.append(row)
+            store.amend(amended)
             bar.update()
     return Outcome(len(units), failures, seconds)

@@ -2,7 +2,9 @@
 
 A line cut short by a crash is dropped (and the file truncated back to its last complete line) on the next
 open, so an interrupted write never corrupts what later runs read; every complete line is kept. A link where the
-file belongs is refused before anything is read or cut (``evaluation.runs.files``).
+file belongs is refused before anything is read or cut (``evaluation.runs.files``). A stored row that older code
+left without some fields gets them by ``amend``: the whole file written anew, each row on its line, and renamed
+over the old one, so a crash leaves one file or the other, never a mix.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from evaluation.errors import EvaluationError
-from evaluation.runs.files import append_only, naming, refuse_link
+from evaluation.runs.files import append_only, naming, refuse_link, write_atomically
 from evaluation.runs.json_rows import json_lines, whole_lines
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,24 @@ class ResultStore:
         self.rows.append(row)
         self.by_key[key] = row
 
+    def amend(self, rows: list[dict]) -> None:
+        """Replace stored rows by these, each the stored row of its key with fields added (never one changed), and
+        rewrite the file at once."""
+        if rows:
+            self._replace(rows)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.rows))
+
+    def _replace(self, rows: list[dict]) -> None:
+        positions = {id(row): index for index, row in enumerate(self.rows)}
+        for row in rows:
+            key = self.key(row)
+            stored = self.by_key.get(key)
+            if stored is None or any(field not in row or row[field] != value for field, value in stored.items()):
+                raise ValueError(f"{self.path}: an amended row for {key} must keep every field of the stored one")
+            self.rows[positions[id(stored)]] = self.by_key[key] = row
+            positions[id(row)] = positions.pop(id(stored))
+
 
 class MemoryStore(ResultStore):
     """A ``ResultStore`` held in memory: what a remote worker fills for one unit, seeded with the unit's rows
@@ -82,6 +102,7 @@ class MemoryStore(ResultStore):
         self.path, self.key = Path(os.devnull), key
         self.rows, self.by_key = list(rows), {key(row): row for row in rows}
         self.new_rows: list[dict] = []
+        self.amended_rows: list[dict] = []
 
     def append(self, row: dict) -> None:
         key = self.key(row)
@@ -90,3 +111,7 @@ class MemoryStore(ResultStore):
         self.rows.append(row)
         self.new_rows.append(row)
         self.by_key[key] = row
+
+    def amend(self, rows: list[dict]) -> None:
+        self._replace(rows)
+        self.amended_rows += rows

@@ -10,6 +10,8 @@ Each row records the path that produced it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label, ratio_for
@@ -17,7 +19,9 @@ from evaluation.catalogue.registry import question_position
 from evaluation.catalogue.resolved import resolve_press, resolve_presses
 from evaluation.engine.decoding import answer_ids_of, decode_batch_forced, eos_ids, generate
 from evaluation.engine.history import History
-from evaluation.errors import PressCannotRun
+from evaluation.engine.overlap import UNKNOWN, Overlap, overlaps
+from evaluation.engine.retention import held_positions
+from evaluation.errors import EvaluationError, PressCannotRun
 from evaluation.metrics.longbench import sample_score
 from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import (
@@ -26,6 +30,7 @@ from evaluation.protocols.longbench.data import (
 )
 from evaluation.protocols.longbench.prompts import STOP_AT_NEWLINE_TASKS, Prompt, build_prompt
 from evaluation.protocols.longbench.protocol import LongBenchRow
+from evaluation.protocols.protocol import LIKELIHOOD, REFERENCE, lacks
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
@@ -79,9 +84,11 @@ def cell_row(
     tokenizer: PreTrainedTokenizerBase,
     attn_implementation: str,
     likelihood: tuple[float | None, int],
+    overlap: Overlap = UNKNOWN,
 ) -> LongBenchRow:
-    """A finished cell's row; ``likelihood``: its answer's (``answer_nll``, ``answer_tokens``). A likelihood-only
-    row (``--likelihood-only``) holds no prediction, and its score is its ``answer_nll``."""
+    """A finished cell's row; ``likelihood``: its answer's (``answer_nll``, ``answer_tokens``); ``overlap``: its
+    kept set's agreement with the reference press's (``engine.overlap``). A likelihood-only row
+    (``--likelihood-only``) holds no prediction, and its score is its ``answer_nll``."""
     context_tokens = prompt.context_ids.shape[1]
     row: LongBenchRow = {
         **cell_identity(example, press_name, budget, context_tokens),
@@ -93,6 +100,7 @@ def cell_row(
         "query_aware": config.query_aware,
         "attn_implementation": attn_implementation,
         "path": path,
+        **overlap,
     }
     if config.likelihood_only:
         return {**row, "answers": example.answers, "score": likelihood[0]} | nll_fields(likelihood)
@@ -195,14 +203,17 @@ def run_shared(
     presses = [resolve_press(name).build(ratio_for(budget, length), length) for name, budget in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
-    rows, derived, starts = [], [], []
+    rows, derived, starts, held = [], [], [], []
     for press_name, budget in cells:
         press = presses.pop(0)  # once its cache is built, nothing it holds is needed while decoding
         try:
             derived.append((press_name, budget, history.compress(press)))
             starts.append(question_position(press, length, derived[-1][2].cache.get_seq_length()))
+            held.append(held_positions(history.cache, derived[-1][2]))
         except PressCannotRun as error:
             rows.append(failed_row(example, press_name, budget, length, "shared", error))
+    agreement = overlaps([(name, budget_key(budget)) for name, budget, _ in derived], held, REFERENCE)
+    del held
     first_logits = history.newest_logits
     for _, _, cache in derived:
         cache.owned = True  # the history is done with: the batch takes over its cache too (the full-cache cell's)
@@ -231,8 +242,9 @@ def run_shared(
             tokenizer,
             config.model.attn_implementation,
             (nll, len(answer)),
+            overlap,
         )
-        for (press_name, budget, cache), tokens, nll in zip(derived, generated, nlls, strict=True)
+        for (press_name, budget, cache), tokens, nll, overlap in zip(derived, generated, nlls, agreement, strict=True)
     ]
 
 
@@ -248,6 +260,49 @@ def path_record(press_name: str, engine: bool) -> str:
     return f"{press.describe() if press.decodes else 'its own prefill'} (per-cell path)"
 
 
+def run_cells(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    config: LongBenchConfig,
+    task_config: TaskConfig,
+    example: Example,
+    prompt: Prompt,
+    todo: list[tuple[str, Budget | None]],
+) -> list[dict]:
+    """The rows of ``todo``'s cells of one example, on the shared path where the press allows it."""
+    engine = config.path == "shared" and History.serves(model)
+    shared = [cell for cell in todo if engine and shares_prefill(cell[0])]
+    rows = run_shared(model, tokenizer, config, task_config, example, prompt, shared) if shared else []
+    for press_name, budget in (cell for cell in todo if cell not in shared):
+        rows.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
+    return rows
+
+
+def completed(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    config: LongBenchConfig,
+    task_config: TaskConfig,
+    example: Example,
+    prompt: Prompt,
+    unfilled: list[tuple[str, Budget | None]],
+    stored: list[dict],
+) -> list[dict]:
+    """The ``stored`` rows of the ``unfilled`` cells, which older code left without the answer's likelihood, with
+    it: each cell's cache built again on its path and the answer forced after the question, nothing generated (as
+    ``--likelihood-only`` does)."""
+    if not gold_answer_ids(tokenizer, example, task_config):
+        return [row | nll_fields((None, 0)) for row in stored]
+    forced = {}
+    for row in run_cells(
+        model, tokenizer, replace(config, likelihood_only=True), task_config, example, prompt, unfilled
+    ):
+        if row.get("error"):
+            raise EvaluationError(f"{example.task} {example.id} {row['press']}: no likelihood: {row['error']}")
+        forced[row["press"], row["budget"]] = row["answer_nll"], row["answer_tokens"]
+    return [row | nll_fields(forced[row["press"], row["budget"]]) for row in stored]
+
+
 def run_example(
     loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase],
     unit: Unit,
@@ -256,19 +311,18 @@ def run_example(
     task_configs: dict[str, TaskConfig],
     cells: list[tuple[str, Budget | None]],
 ) -> None:
-    """One unit: the missing cells of one example, on the shared path where the press allows it."""
+    """One unit: the missing cells of one example, and the likelihood of those older code stored without it."""
     resolve_presses(config.presses, config.allow_import)  # once per process: a Ray worker's own resolution
     model, tokenizer = loaded
     example: Example = unit.payload
     todo = [cell for cell in cells if cell_key((example, *cell)) not in store]
+    unfilled = [cell for cell in cells if lacks(store.get(cell_key((example, *cell))), LIKELIHOOD)]
     task_config = task_configs[example.task]
     prompt = build_prompt(
         example, task_config, tokenizer, prompt_budget(config, model, tokenizer, task_config), config.query_aware
     )
-    engine = config.path == "shared" and History.serves(model)
-    shared = [cell for cell in todo if engine and shares_prefill(cell[0])]
-    if shared:
-        for row in run_shared(model, tokenizer, config, task_config, example, prompt, shared):
-            store.append(row)
-    for press_name, budget in (cell for cell in todo if cell not in shared):
-        store.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
+    for row in run_cells(model, tokenizer, config, task_config, example, prompt, todo):
+        store.append(row)
+    if unfilled:
+        stored = [store.get(cell_key((example, *cell))) for cell in unfilled]
+        store.amend(completed(model, tokenizer, config, task_config, example, prompt, unfilled, stored))

@@ -12,7 +12,7 @@ from evaluation.catalogue.budgets import parse_budgets
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
 from evaluation.protocols.options import fraction, whole
-from evaluation.protocols.protocol import Protocol, Row, register
+from evaluation.protocols.protocol import LIKELIHOOD, Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.models import ModelSettings
 
@@ -34,6 +34,8 @@ class LongBenchRow(Row):
     truncated: NotRequired[bool]
     query_aware: NotRequired[bool]
     attn_implementation: NotRequired[str]
+    overlap_with_reference: NotRequired[list[float] | None]  # per layer, mean Jaccard over KV heads with h2o's
+    overlap_min_head: NotRequired[list[float] | None]  # per layer, the least KV head's
     generated_tokens: NotRequired[int]
     prediction: NotRequired[str]
     answers: NotRequired[list[str]]
@@ -58,6 +60,7 @@ class LongBench(Protocol[LongBenchConfig]):
     benchmark = Benchmark(
         "LongBench", conditions, lambda row: (row["task"], row["id"]), 100, 2, unit="points, 100 x mean"
     )
+    likelihood = LIKELIHOOD
     presses = DEFAULT_PRESSES
     implementation = "evaluation.protocols.longbench.work"
 

@@ -26,6 +26,7 @@ from evaluation.protocols.longbench.degeneracy import degeneracy_lines
 from evaluation.protocols.longbench.protocol import LongBench
 from evaluation.protocols.protocol import REFERENCE, Plan
 from evaluation.reporting.conditions import ANSWER_NLL
+from evaluation.reporting.overlap import overlap_section
 from evaluation.reporting.scorecard import scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
@@ -139,5 +140,7 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
     )
     labels = [b.label for b in config.budgets]
     caps = {task: task_config.max_new_tokens for task, task_config in task_configs.items()}
-    appendix = [] if config.likelihood_only else degeneracy_lines(rows, caps)
+    appendix = ([] if config.likelihood_only else degeneracy_lines(rows, caps)) + overlap_section(
+        output, rows, REFERENCE
+    )
     write_card(output, summary, f"LongBench: {output.name}", note, REFERENCE, config.presses, labels, appendix)

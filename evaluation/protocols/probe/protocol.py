@@ -71,6 +71,9 @@ class ProbeRow(Row):
     gold_answer_tokens: NotRequired[int]  # its tokens, cut to --max-new-tokens
 
 
+PROBE_LIKELIHOOD = ("answer_nll", "gold_answer_tokens")  # ``answer_tokens`` counts the model's own answer
+
+
 def row_key(row: ProbeRow) -> tuple[int, str, str]:
     return row["probe"], row["press"], row["budget"]
 
@@ -95,6 +98,7 @@ class Probes(Protocol[ProbeConfig]):
     )
     benchmark = BENCHMARK
     implementation = "evaluation.protocols.probe.work"
+    likelihood = PROBE_LIKELIHOOD
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")

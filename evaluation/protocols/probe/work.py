@@ -19,6 +19,7 @@ from evaluation.protocols.probe.protocol import (
     BLOCK,
     DU,
     DU_CONFIDENCE,
+    PROBE_LIKELIHOOD,
     RECENCY,
     SCORERS,
     ProbeConfig,
@@ -28,7 +29,7 @@ from evaluation.protocols.probe.protocol import (
     top_label,
 )
 from evaluation.protocols.probe.ranking import KS, both_in_top, fact_scores, gold_ranks, recency_scores
-from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.protocol import REFERENCE, Plan, lacks
 from evaluation.protocols.synthetic.task import string_match
 from evaluation.reporting.scorecard import scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
@@ -87,8 +88,7 @@ def probe_rows(
     placeholder = scorers(torch.ones(1), torch.ones(1))
     history = History(model, frozenset(), placeholder.values())
     history.extend(ids, "prompt")
-    gold = answer_ids_of(tokenizer, gold_answer(probe, config.reasoning), config.max_new_tokens)
-    likelihood = answer_likelihood(model, history, gold)
+    likelihood = gold_likelihood(loaded, history, probe, config)
     generated, probabilities = answer(model, history, eos_ids(model), config.max_new_tokens)
     history.extend(generated, "answer")
     prediction = tokenizer.decode(generated, skip_special_tokens=True).strip()
@@ -119,17 +119,41 @@ def probe_rows(
             score = float(both_in_top(ranks, k))
             rows.append({**common, "press": name, "budget": label, "budget_label": label, "score": score})
             rows[-1].update(gold_ranks=ranks, prediction=order)
-            # the gold answer's likelihood (``answer_tokens`` already counts the model's own answer)
-            rows[-1].update(answer_nll=likelihood, gold_answer_tokens=len(gold))
+            rows[-1].update(likelihood)
     return rows
+
+
+def gold_likelihood(
+    loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase], history: History, probe: Probe, config: ProbeConfig
+) -> dict:
+    """The gold answer's likelihood after the history of the probe's prompt (``PROBE_LIKELIHOOD``: its
+    ``answer_tokens`` already counts the model's own answer)."""
+    model, tokenizer = loaded
+    gold = answer_ids_of(tokenizer, gold_answer(probe, config.reasoning), config.max_new_tokens)
+    return dict(zip(PROBE_LIKELIHOOD, (answer_likelihood(model, history, gold), len(gold)), strict=True))
+
+
+@torch.no_grad()
+def completed_likelihood(
+    loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase], probe: Probe, config: ProbeConfig
+) -> dict:
+    """The likelihood older code did not store, without answering the probe again: the prompt's prefill alone."""
+    history = History(loaded[0], frozenset())
+    history.extend(prompt_ids(loaded[1], probe, config.reasoning)[0], "prompt")
+    return gold_likelihood(loaded, history, probe, config)
 
 
 def run_block(loaded, unit: Unit, store: ResultStore, config: ProbeConfig) -> None:
     for probe in unit.payload:
-        if any(key not in store for key in unit_keys([probe])):
+        keys = unit_keys([probe])
+        if any(key not in store for key in keys):
             for row in probe_rows(loaded, probe, config):
                 if row_key(row) not in store:
                     store.append(row)
+        unfilled = [store.get(key) for key in keys if lacks(store.get(key), PROBE_LIKELIHOOD)]
+        if unfilled:
+            likelihood = completed_likelihood(loaded, probe, config)
+            store.amend([{**row, **likelihood} for row in unfilled])
 
 
 def unit_keys(block: list[Probe]) -> frozenset:

@@ -22,8 +22,10 @@ from evaluation.catalogue.registry import SHARED, question_position
 from evaluation.catalogue.resolved import resolve_press, resolve_presses
 from evaluation.engine.decoding import answer_ids_of, decode_batch_forced, eos_ids, generate
 from evaluation.engine.history import History
-from evaluation.engine.retention import answer_spans, retention
+from evaluation.engine.overlap import UNKNOWN, overlaps
+from evaluation.engine.retention import answer_spans, held_positions, retention
 from evaluation.errors import EvaluationError, PressCannotRun
+from evaluation.protocols.protocol import LIKELIHOOD, REFERENCE, lacks
 from evaluation.protocols.streaming.config import TEACHER_FORCED_KINDS, StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question
 from evaluation.protocols.streaming.framing import Framing, Message
@@ -165,13 +167,40 @@ class ConversationRun:
     def ask(
         self, history: History, question_ids: list[int], question: Question, cells: list[Cell], turn: int, window: set
     ) -> None:
-        """Answer the cells that lack a row for ``question`` from ``history``, and store their rows."""
+        """Answer the cells that lack a row for ``question`` from ``history``, and store their rows; complete the
+        stored rows that older code left without the answer's likelihood (forced, nothing generated)."""
         missing = [cell for cell in cells if cell_key(self.conversation, question, cell) not in self.store]
+        visible = evidence_inside(question, window)
         if missing:
-            visible = evidence_inside(question, window)
             for row in self.answer(history, question_ids, question, missing, turn, visible):
                 self.store.append(row)
                 self.bar.update()
+        stored = [self.store.get(cell_key(self.conversation, question, cell)) for cell in cells]
+        unfilled = [(cell, row) for cell, row in zip(cells, stored, strict=True) if lacks(row, LIKELIHOOD)]
+        if unfilled:
+            self.store.amend(self.completed(history, question_ids, question, unfilled, turn, visible))
+
+    def completed(
+        self,
+        history: History,
+        question_ids: list[int],
+        question: Question,
+        unfilled: list[tuple[Cell, QuestionRow]],
+        turn: int,
+        visible: bool,
+    ) -> list[QuestionRow]:
+        """The stored rows of ``unfilled`` with their answer's likelihood, each cell's cache built again."""
+        if not self.answer_ids(question):
+            return [{**row, "answer_nll": None, "answer_tokens": 0} for _, row in unfilled]
+        cells = [cell for cell, _ in unfilled]
+        forced = self.answer(history, question_ids, question, cells, turn, visible, likelihood_only=True)
+        for row in forced:
+            if row.get("error"):
+                raise EvaluationError(f"{self.conversation.sample_id} {row['press']}: no likelihood: {row['error']}")
+        return [
+            {**row, **{field: done[field] for field in LIKELIHOOD}}
+            for (_, row), done in zip(unfilled, forced, strict=True)
+        ]
 
     @staticmethod
     def append_turn(
@@ -193,10 +222,12 @@ class ConversationRun:
         cells: list[Cell],
         turn: int,
         visible: bool,
+        likelihood_only: bool = False,
     ) -> list[QuestionRow]:
         """The rows of ``cells`` for one question. A press the history serves gets its cache from the history (its
         own hook on the stored inputs), all of them decoded in one batch; any other press re-prefills the history
-        under itself (``generate``)."""
+        under itself (``generate``). ``likelihood_only`` (or ``--likelihood-only``): nothing generated."""
+        likelihood_only = likelihood_only or self.config.likelihood_only
         ratios = [ratio_for(budget, history.length) for _, budget in cells]
         resolved = [resolve_press(name) for name, _ in cells]
         presses = [press.build(ratio, history.length) for press, ratio in zip(resolved, ratios, strict=True)]
@@ -209,6 +240,10 @@ class ConversationRun:
                 except PressCannotRun as error:
                     refused[i] = error
                 presses[i] = None  # its cache is built: nothing it holds is needed while decoding
+        kept_sets = [held_positions(history.cache, cache) for cache in caches.values()]
+        named = [(cells[i][0], budget_key(cells[i][1])) for i in caches]
+        agreement = dict(zip(caches, overlaps(named, kept_sets, REFERENCE), strict=True))
+        del kept_sets
         held = {}
         if self.task.retention:
             spans = answer_spans(
@@ -217,8 +252,8 @@ class ConversationRun:
             held = {i: retention(history.cache, cache, spans) for i, cache in caches.items()}
         asked = torch.tensor([question_ids])
         answer = self.answer_ids(question)
-        cap = 0 if self.config.likelihood_only else self.config.max_new_tokens  # likelihood only: no generation
-        if self.config.likelihood_only and not answer:
+        cap = 0 if likelihood_only else self.config.max_new_tokens
+        if likelihood_only and not answer:
             error = PressCannotRun(f"question {question.index} has no gold answer: no likelihood to score")
             refused |= dict.fromkeys(range(len(cells)), error)
             caches, starts = {}, {}
@@ -254,13 +289,16 @@ class ConversationRun:
             else self.row(question, cell, ratios[i], history.length, kept[i], tokens[i], turn, visible, paths[i])
             for i, cell in enumerate(cells)
         ]
+        for i, row in enumerate(rows):
+            if i not in refused:
+                row.update(agreement.get(i, UNKNOWN))
         if self.task.retention:  # unknown (None) for a press on its own prefill
             for i, row in enumerate(rows):
                 row["retention"] = held.get(i)
         for i, row in enumerate(rows):
             if i not in refused:
                 row["answer_nll"], row["answer_tokens"] = nlls[i], len(answer)
-                if self.config.likelihood_only:  # no prediction: the row's score is its answer's likelihood
+                if likelihood_only:  # no prediction: the row's score is its answer's likelihood
                     del row["prediction"], row["scored_prediction"]
                     row["score"] = nlls[i]
         return rows

@@ -12,7 +12,7 @@ from typing_extensions import NotRequired
 
 from evaluation.catalogue.budgets import parse_budgets
 from evaluation.protocols.options import whole
-from evaluation.protocols.protocol import Protocol, Row, register
+from evaluation.protocols.protocol import LIKELIHOOD, Protocol, Row, register
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.task import StreamTask
 from evaluation.runs.models import ModelSettings
@@ -39,6 +39,8 @@ class QuestionRow(Row):
     path: NotRequired[str]
     prediction: NotRequired[str]
     scored_prediction: NotRequired[str]
+    overlap_with_reference: NotRequired[list[float] | None]  # per layer, mean Jaccard over KV heads with h2o's
+    overlap_min_head: NotRequired[list[float] | None]  # per layer, the least KV head's
     retention: NotRequired[float | None]
     answer_nll: NotRequired[float | None]  # the gold answer's mean negative log-likelihood per token (nats)
     answer_tokens: NotRequired[int]  # its tokens, cut to the answer limit
@@ -50,6 +52,8 @@ def row_key(row: QuestionRow) -> tuple[str, int, str, str]:
 
 class Streamed(Protocol[StreamConfig]):
     """A streamed task as a protocol: the options every streamed task shares, then the task's own."""
+
+    likelihood = LIKELIHOOD
 
     def __init__(self, task: StreamTask) -> None:
         self.task = task

@@ -24,6 +24,7 @@ from evaluation.protocols.streaming.placements import (
 )
 from evaluation.protocols.streaming.protocol import Streamed
 from evaluation.reporting.conditions import ANSWER_NLL, Metric
+from evaluation.reporting.overlap import overlap_section
 from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
@@ -199,4 +200,5 @@ def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) 
     summary = summarize(frame, REFERENCE)
     title = f"{task.benchmark.name} streaming: {output.name}"
     contrasts = contrast_table(benchmark, rows)
-    write_card(output, summary, title, note, REFERENCE, config.presses, labels, contrasts=contrasts)
+    appendix = overlap_section(output, rows, REFERENCE)
+    write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix, contrasts)
