@@ -28,6 +28,7 @@ class ResultStore:
 
     def __init__(self, path: Path, key: Callable[[dict], Hashable]) -> None:
         self.path, self.key = path, key
+        self.on_append: Callable[[dict], None] | None = None  # told of each row appended (a progress bar)
         self.rows: list[dict] = []
         self.by_key: dict[Hashable, dict] = {}
         refuse_link(path)
@@ -72,6 +73,8 @@ class ResultStore:
             os.fsync(handle.fileno())
         self.rows.append(row)
         self.by_key[key] = row
+        if self.on_append is not None:
+            self.on_append(row)
 
 
 class MemoryStore(ResultStore):
