@@ -41,6 +41,7 @@ def test_a_longbench_run_logs_its_plan_model_examples_cells_and_decoding(model_d
         assert any("left" in line for line in decoding), "an estimate while it decodes"
     assert any(re.fullmatch(r"run: 1/2 units, \d+ s, about \d+ s left", line) for line in lines)
     assert lines[-3:-1] == ["run: 2/2 units, " + lines[-3].split(", ")[1], "writing the scorecard of 18 rows"]
+    assert len(set(lines)) == len(lines), "no line twice (a bar's last step and its close)"
     assert lines[-1].endswith("run finished")
 
     assert longbench(model_dir, data_dir, output, "--tasks", "hotpotqa", "--max-new-tokens", "5") == 0

@@ -44,6 +44,7 @@ class Bar:
     def __init__(self, progress: Progress, total: int, desc: str, unit: str, step: bool) -> None:
         self.progress, self.total, self.desc, self.unit, self.step = progress, total, desc, unit, step
         self.done, self.started, self.written = 0, time.monotonic(), time.monotonic()
+        self.written_done = -1  # the count its last line gave
         self.paced = self.started  # when the pace starts: a step bar's first step holds its setup (a forward)
         self.postfix = ""
         self.terminal = tqdm(total=total, desc=desc, unit=unit, leave=not step, disable=not interactive())
@@ -71,12 +72,12 @@ class Bar:
         return f"{self.desc}: {self.done}/{self.total} {self.unit}s{extra}, {duration(elapsed)}{left}"
 
     def write(self) -> None:
-        self.written = time.monotonic()
+        self.written, self.written_done = time.monotonic(), self.done
         self.progress.log(self.line())
 
     def close(self) -> None:
         self.terminal.close()
-        if not self.step:
+        if not self.step and self.written_done != self.done:
             self.write()
 
 
