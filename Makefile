@@ -31,12 +31,14 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Newcomer-sized runs (minutes): SmolLM2 on 2 multi_news examples at keep 50% and 25%, and on 2 LoCoMo
-# conversations' first 10 questions placed after their evidence, every default press; into scratch/ (git-ignored:
-# a later run's commit stays clean).
+# Newcomer-sized runs (under 5 minutes each on 2 cores once set up; progress in the terminal and OUTPUT/progress.log):
+# SmolLM2 on 10 multi_news examples at keep 50% and 25%, generating at most 64 tokens (a departure from the official
+# 512 that the plan and the scorecard state; the answer likelihood keeps 512), and on 2 LoCoMo conversations' first
+# 10 questions placed after their evidence, every default press; into scratch/ (git-ignored: a later run's commit
+# stays clean). Enough examples for verdicts (10 pairs).
 eval-longbench: setup
-	$(PY) -m evaluation longbench --n 2 --max-length 1024 \
-		--output scratch/longbench/smollm2-135m-quick
+	$(PY) -m evaluation longbench --n 10 --max-length 1024 --max-new-tokens 64 \
+		--output scratch/longbench/smollm2-135m-n10-cap64
 
 eval-locomo: setup
 	$(PY) -m evaluation locomo --conversations conv-26 conv-30 --max-turns 10 \

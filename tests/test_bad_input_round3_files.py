@@ -49,6 +49,7 @@ RUN_FILES = [
     "predictions.jsonl",
     "run.json",
     ".lock",
+    "progress.log",
     "scorecard.md",
     "scorecard.csv",
     "scorecard.png",

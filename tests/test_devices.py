@@ -118,7 +118,7 @@ def stream(model) -> list[str]:
     cells = press_cells(resolve_presses(config.presses, config.allow_import), config.budgets, "")
     store = MemoryStore(row_key, [])
     run = ConversationRun(config, LOCOMO, model, tokenizer, cells)
-    run.run(parse_conversation(CONVERSATION), store, type("Bar", (), {"update": lambda self: None})())
+    run.run(parse_conversation(CONVERSATION), store)
     return [row["prediction"] for row in store.rows]
 
 

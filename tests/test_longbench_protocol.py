@@ -259,7 +259,10 @@ def test_a_run_into_a_log_writes_no_progress_redraws(model_dir, data_dir, tmp_pa
     log = subprocess.run(command, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
     output = log.stdout + log.stderr
     assert "\r" not in output and "Loading weights" not in output
-    assert len(output.splitlines()) <= 10, output
+    progress = log.stderr.splitlines()
+    assert len(progress) <= 7 + 2 * 4, "a few lines a run, two an example: " + log.stderr
+    assert progress == (tmp_path / "out" / "progress.log").read_text().splitlines(), "the log holds the same lines"
+    assert log.stdout.splitlines() == [f"scorecard: {tmp_path / 'out' / 'scorecard.md'}"]
 
 
 def test_one_data_rule_data_then_the_variable_then_shared_data_then_the_hub(tmp_path, monkeypatch):
@@ -298,3 +301,61 @@ def test_one_data_rule_data_then_the_variable_then_shared_data_then_the_hub(tmp_
     assert found() == (places["beside"] / "longbench", places["beside"] / "locomo" / "locomo10.json")
     shutil.rmtree(places["beside"])
     assert found() == (None, None), "the hub"
+
+
+def test_max_new_tokens_caps_generation_and_is_recorded_as_a_departure(model_dir, data_dir, tmp_path, capsys):
+    """``--max-new-tokens 3`` (below hotpotqa's 6 and trec's 4): each prediction is the one of data whose official
+    length is 3, the answer likelihood the one at the official length, and the run, its dry run and its scorecard
+    say so."""
+    official, capped, short = tmp_path / "official", tmp_path / "capped", tmp_path / "short"
+    assert longbench(model_dir, data_dir, official) == 0
+    assert longbench(model_dir, data_dir, capped, "--max-new-tokens", "3") == 0
+    three_tokens = Path(shutil.copytree(data_dir, tmp_path / "three-tokens"))
+    (three_tokens / "config" / "dataset2maxlen.json").write_text(json.dumps(dict.fromkeys(MAX_NEW_TOKENS, 3)))
+    assert longbench(model_dir, three_tokens, short) == 0
+
+    def by_key(output: Path) -> dict[tuple, dict]:
+        return {(r["task"], r["id"], r["press"], r["budget"]): r for r in read_rows(output)}
+
+    reference, rows, three = by_key(official), by_key(capped), by_key(short)
+    assert rows.keys() == reference.keys() == three.keys()
+    assert any(r["generated_tokens"] > 3 for r in reference.values()), "the cap must cut something"
+    for key, row in rows.items():
+        assert row["generated_tokens"] == min(reference[key]["generated_tokens"], 3)
+        assert row["prediction"] == three[key]["prediction"] and row["score"] == three[key]["score"]
+        assert (row["answer_nll"], row["answer_tokens"]) == (
+            reference[key]["answer_nll"],
+            reference[key]["answer_tokens"],
+        )
+    assert any(row["answer_tokens"] > 3 for row in rows.values()), "the likelihood keeps the official length"
+    assert json.loads((capped / "run.json").read_text())["config"]["max_new_tokens"] == 3
+    departure = "Departure from LongBench's protocol: generation capped at 3 tokens (--max-new-tokens), below"
+    assert f"**{departure} the official answer length (hotpotqa 6, trec 4)" in (capped / "scorecard.md").read_text()
+    assert "Departure" not in (official / "scorecard.md").read_text()
+    chosen = [r for r in rows.values() if (r["task"], r["budget"], r["press"]) == ("hotpotqa", "ratio=0.5", "snapkv")]
+    at_cap = sum(r["generated_tokens"] == 3 for r in chosen) / len(chosen)
+    assert f"| hotpotqa | keep 50% | snapkv | 2 | {at_cap:.0%} |" in (capped / "scorecard.md").read_text()
+
+    capsys.readouterr()
+    assert longbench(model_dir, data_dir, tmp_path / "dry", "--max-new-tokens", "5", "--dry-run") == 0
+    plan = capsys.readouterr().out
+    assert (
+        f"at most {(2 * 5 + 2 * 4) * 9} answer tokens" in plan
+        and "below the official answer length (hotpotqa 6);" in plan
+    )
+    assert longbench(model_dir, data_dir, tmp_path / "dry", "--max-new-tokens", "6", "--dry-run") == 0
+    assert "Departure" not in capsys.readouterr().out, "no task is cut"
+
+
+def test_an_older_run_without_max_new_tokens_resumes_at_the_official_length(model_dir, data_dir, tmp_path, capsys):
+    output, narrow = tmp_path / "run", ("--tasks", "trec", "--presses", "full", "--n", "1")
+    assert longbench(model_dir, data_dir, output, *narrow) == 0
+    record = json.loads((output / "run.json").read_text())
+    for config in (record["config"], *(session["config"] for session in record["sessions"])):
+        del config["max_new_tokens"]  # as a run.json written before the option existed
+    (output / "run.json").write_text(json.dumps(record))
+    assert longbench(model_dir, data_dir, output, "--tasks", "trec", "--presses", "full", "--n", "2") == 0
+    assert [row["id"] for row in read_rows(output)] == ["trec-0", "trec-1"], "resumed: the second example added"
+    assert json.loads((output / "run.json").read_text())["config"]["max_new_tokens"] is None, "the official length"
+    assert longbench(model_dir, data_dir, output, *narrow, "--max-new-tokens", "2") == 2
+    assert "max_new_tokens: stored None, asked 2" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,9 @@ def rows_of(output: Path) -> list[dict]:
 
 
 def error_of(capsys) -> str:
-    return capsys.readouterr().err.strip()
+    """What stderr says besides the run's progress lines (each timestamped)."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    return "\n".join(line for line in lines if not re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line))
 
 
 def test_a_second_run_into_the_same_folder_is_refused_while_the_first_writes(model_dir, data_dir, tmp_path, capsys):  # noqa: F811

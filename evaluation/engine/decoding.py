@@ -295,12 +295,14 @@ def decode_batch_forced(
     answer_ids: list[int],
     first_logits: torch.Tensor | None = None,
     consume: bool = False,
+    on_step: Callable[[], None] | None = None,
 ) -> tuple[list[list[int]], list[float | None]]:
     """``decode_batch``, and in the same batch, before decoding, the answer ``answer_ids`` teacher-forced after the
     question over every cache (one forward, ``forced_nlls``) in the batch's scratch space (``RaggedCache.scratch``:
     what it appends is forgotten, so the decoding that follows is the same as without it). Returns the generated
     ids and each cache's answer likelihood (mean nats per token; None for every cache when ``answer_ids`` is
-    empty). ``max_new_tokens`` 0: the likelihood alone, nothing decoded."""
+    empty). ``max_new_tokens`` 0: the likelihood alone, nothing decoded. ``on_step`` is called after each token
+    step of the batch (a progress bar)."""
     if not caches:
         return [], []
     device = model.device
@@ -335,6 +337,8 @@ def decode_batch_forced(
             if len(going) < len(active):
                 cache.keep_rows(going)
                 active = [active[row] for row in going]
+            if on_step is not None:
+                on_step()
     return generated, nlls
 
 

@@ -3,27 +3,43 @@ and the finish. What differs between protocols is the ``Protocol`` (``evaluation
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from pathlib import Path
 
-from evaluation.protocols.protocol import SAMPLE, SCORES, Protocol, lacks, recorded, results_defining
+from evaluation.protocols.protocol import SAMPLE, SCORES, Plan, Protocol, lacks, recorded, results_defining
 from evaluation.runs.backends import LOCAL, Backend, run_units
+from evaluation.runs.files import PROGRESS_LOG
+from evaluation.runs.progress import duration, reporting
 from evaluation.runs.record import RunRecord
 from evaluation.runs.store import ResultStore
 
 
 def run(protocol: Protocol, config, backend: Backend = LOCAL) -> Path:
-    """Run (or resume) ``config`` under ``protocol`` and write predictions, scorecard and run.json in its folder."""
+    """Run (or resume) ``config`` under ``protocol`` and write predictions, scorecard and run.json in its folder;
+    its progress goes to the terminal and to the folder's ``progress.log``."""
     plan = protocol.plan(config)
     settings = {**recorded(config), **config.model.record(), "output": str(config.output), **plan.settings}
     defining = results_defining(config) | dict.fromkeys(plan.sample, SAMPLE)
     pooled = [key for key, defines in defining.items() if defines == SCORES]
     record = RunRecord(config.output, settings, tuple(defining), protocol.record_defaults(), protocol.name, pooled)
-    with record:
+    with record, reporting(config.output / PROGRESS_LOG) as progress:
         store = ResultStore(config.output / "predictions.jsonl", protocol.row_key)
         incomplete = partial(lacks, fields=protocol.likelihood)  # older rows without the answer's likelihood
+        progress.say(f"{protocol.name} into {config.output}: {plan_line(plan, store)}")
         outcome = run_units(plan.units, plan.work, config.model, store, backend, incomplete)
+        started = time.monotonic()
+        progress.say(f"writing the scorecard of {len(store.rows)} rows")
         protocol.write_scorecard(config, store.rows)
         record.finish(outcome, backend=backend.kind)
+        progress.say(f"scorecard written in {duration(time.monotonic() - started)}; run finished")
     outcome.raise_failures(backend.retries)
     return config.output
+
+
+def plan_line(plan: Plan, store: ResultStore) -> str:
+    """The plan as its first line says it: the protocol's own summary, and what a resumed run already holds."""
+    results = sum(len(unit.keys) for unit in plan.units)
+    stored = sum(key in store for unit in plan.units for key in unit.keys)
+    summary = plan.summary or f"{len(plan.units)} units, {results} results"
+    return f"plan: {summary}" + (f"; {stored} of the {results} results already stored (resumed)" if stored else "")

@@ -108,6 +108,7 @@ class Plan:
     work: Work
     settings: dict = field(default_factory=dict)
     sample: tuple[str, ...] = ()  # keys of ``settings`` that define which examples a run holds (a data fingerprint)
+    summary: str = ""  # the plan in one line for its progress: units x cells, tokens to decode
 
 
 C = TypeVar("C")

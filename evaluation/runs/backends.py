@@ -13,15 +13,14 @@ dies is retried on a fresh worker up to ``retries`` times, then reported; the ot
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
-
 from evaluation.errors import EvaluationError, first_line, refused_write
+from evaluation.runs.progress import Bar, active, duration
 from evaluation.runs.store import MemoryStore, ResultStore
-from evaluation.runs.terminal import interactive
 
 if TYPE_CHECKING:
     from evaluation.runs.models import ModelSettings
@@ -93,12 +92,15 @@ def run_units(
     if not todo:
         return Outcome(0, {}, {})
     if backend.kind == "local":
-        loaded = model.load()
-        started, seconds = time.time(), {}
-        for done, unit in enumerate(tqdm(todo, desc="units", unit="unit", disable=not interactive()), start=1):
-            seconds[unit.name] = timed(work, loaded, unit, store, incomplete)
-            if not interactive():
-                print(f"[{done}/{len(todo)}] {unit.name} done ({time.time() - started:.0f} s so far)", flush=True)
+        progress = active()
+        loaded = loaded_model(model)
+        seconds = {}
+        with progress.bar(len(todo), "run", "unit") as units:
+            for unit in todo:
+                missing = len(pending(unit, store, incomplete))
+                with progress.bar(missing, unit.name, "cell") as cells, counted(store, cells):
+                    seconds[unit.name] = timed(work, loaded, unit, store, incomplete)
+                units.update()
         return Outcome(len(todo), {}, seconds)
     return run_on_ray(todo, work, model, store, backend, incomplete)
 
@@ -106,6 +108,25 @@ def run_units(
 def pending(unit: Unit, store: ResultStore, incomplete: Incomplete) -> list:
     """The unit's keys whose row is missing from ``store`` or ``incomplete`` there."""
     return [key for key in unit.keys if key not in store or incomplete(store.get(key))]
+
+
+def loaded_model(model: ModelSettings) -> Any:
+    """``model.load()``, with a line before it and one that says how long it took."""
+    progress, started = active(), time.monotonic()
+    progress.say(f"loading model {model.label}")
+    loaded = model.load()
+    progress.say(f"model loaded in {duration(time.monotonic() - started)}")
+    return loaded
+
+
+@contextmanager
+def counted(store: ResultStore, bar: Bar) -> Iterator[None]:
+    """Every row ``store`` takes in the block moves ``bar`` on by one."""
+    store.on_append = lambda row: bar.update()
+    try:
+        yield
+    finally:
+        store.on_append = None
 
 
 def timed(work: Work, loaded: Any, unit: Unit, store: ResultStore, incomplete: Incomplete = complete_nothing) -> float:
@@ -220,9 +241,7 @@ def run_on_ray(
 
     pool = [fresh() for _ in range(min(workers, len(units)))]
     queue, running, tries, failures, seconds = list(units), {}, dict.fromkeys((u.name for u in units), 0), {}, {}
-    with tqdm(
-        total=len(units), desc=f"units on {len(pool)} Ray workers", unit="unit", disable=not interactive()
-    ) as bar:
+    with active().bar(len(units), f"units on {len(pool)} Ray workers", "unit") as bar:
         while queue or running:
             while queue and len(running) < len(pool):
                 worker = next(w for w in pool if all(w is not busy for busy, _ in running.values()))

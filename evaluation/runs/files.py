@@ -20,7 +20,8 @@ from typing import BinaryIO
 from evaluation.errors import EvaluationError
 
 SCORECARD_FILES = ("scorecard.md", "scorecard.csv", "contrasts.csv", "*.png")
-RUN_FILES = (".lock", "predictions.jsonl", "*.json", *SCORECARD_FILES)
+PROGRESS_LOG = "progress.log"  # a run's progress, one timestamped line per step (evaluation.runs.progress)
+RUN_FILES = (".lock", "predictions.jsonl", "*.json", PROGRESS_LOG, *SCORECARD_FILES)
 
 
 def refuse_link(path: Path) -> None:

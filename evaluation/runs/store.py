@@ -30,6 +30,7 @@ class ResultStore:
 
     def __init__(self, path: Path, key: Callable[[dict], Hashable]) -> None:
         self.path, self.key = path, key
+        self.on_append: Callable[[dict], None] | None = None  # told of each row appended or completed (a bar)
         self.rows: list[dict] = []
         self.by_key: dict[Hashable, dict] = {}
         refuse_link(path)
@@ -74,6 +75,8 @@ class ResultStore:
             os.fsync(handle.fileno())
         self.rows.append(row)
         self.by_key[key] = row
+        if self.on_append is not None:
+            self.on_append(row)
 
     def amend(self, rows: list[dict]) -> None:
         """Replace stored rows by these, each the stored row of its key with fields added (never one changed), and
@@ -82,6 +85,8 @@ class ResultStore:
             self._replace(rows)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(self.path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.rows))
+            for row in rows if self.on_append is not None else ():
+                self.on_append(row)
 
     def _replace(self, rows: list[dict]) -> None:
         positions = {id(row): index for index, row in enumerate(self.rows)}

@@ -33,6 +33,7 @@ from evaluation.protocols.longbench.protocol import LongBenchRow
 from evaluation.protocols.protocol import LIKELIHOOD, REFERENCE, lacks
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
+from evaluation.runs.progress import active
 from evaluation.runs.store import ResultStore
 
 CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
@@ -139,11 +140,6 @@ def failed_row(
     }
 
 
-def generation_cap(config: LongBenchConfig, task_config: TaskConfig) -> int:
-    """How many tokens a cell generates: the task's official answer length, none for ``--likelihood-only``."""
-    return 0 if config.likelihood_only else task_config.max_new_tokens
-
-
 def check_answer(config: LongBenchConfig, example: Example, answer: list[int]) -> None:
     """A likelihood-only cell needs an answer to score: an example without one fails (``PressCannotRun``)."""
     if config.likelihood_only and not answer:
@@ -169,7 +165,7 @@ def run_cell(
     model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
     answer = gold_answer_ids(tokenizer, example, task_config)
-    cap = generation_cap(config, task_config)
+    cap = config.generation_cap(task_config.max_new_tokens)
     try:
         check_answer(config, example, answer)
         generation = generate(model, prompt.context_ids, prompt.question_ids, press, cap, stop, answer)
@@ -218,17 +214,20 @@ def run_shared(
     for _, _, cache in derived:
         cache.owned = True  # the history is done with: the batch takes over its cache too (the full-cache cell's)
     del history
-    generated, nlls = decode_batch_forced(
-        model,
-        [cache for _, _, cache in derived],
-        prompt.question_ids,
-        starts,
-        generation_cap(config, task_config),
-        stop_ids(model, tokenizer, example.task),
-        answer,
-        first_logits,
-        consume=True,
-    )
+    cap = config.generation_cap(task_config.max_new_tokens)
+    with active().bar(cap, f"{example.task}/{example.id}: decoding {len(derived)} caches", "token", step=True) as bar:
+        generated, nlls = decode_batch_forced(
+            model,
+            [cache for _, _, cache in derived],
+            prompt.question_ids,
+            starts,
+            cap,
+            stop_ids(model, tokenizer, example.task),
+            answer,
+            first_logits,
+            consume=True,
+            on_step=bar.update,
+        )
     return rows + [
         cell_row(
             config,

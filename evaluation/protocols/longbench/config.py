@@ -26,3 +26,11 @@ class LongBenchConfig:
     path: str = "shared"
     allow_import: bool = False  # import the press specs' import paths (--allow-import)
     likelihood_only: bool = field(default=False, metadata=DEFINING)  # the answer's likelihood alone, no generation
+    max_new_tokens: int | None = field(default=None, metadata=DEFINING)  # generation cap; None: the official length
+
+    def generation_cap(self, official: int) -> int:
+        """How many tokens a cell of a task with ``official`` answer length generates: that length, or
+        ``max_new_tokens`` below it; none for ``likelihood_only``."""
+        if self.likelihood_only:
+            return 0
+        return official if self.max_new_tokens is None else min(official, self.max_new_tokens)

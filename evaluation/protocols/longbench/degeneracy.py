@@ -1,5 +1,6 @@
-"""When LongBench's metric cannot discriminate: the share of a cell's generations that ran to the task's token
-cap, and the share that repeat themselves (a sentence three or more times), per task, budget and press."""
+"""When LongBench's metric cannot discriminate: the share of a cell's generations that ran to the generation cap
+(the task's official length, or ``--max-new-tokens`` below it), and the share that repeat themselves (a sentence
+three or more times), per task, budget and press."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def degeneracy_lines(rows: list[dict], caps: dict[str, int]) -> list[str]:
         "",
         "## Generations at the cap and repeating themselves",
         "",
-        "A generation that runs to the task's token cap, or says one sentence three or more times, leaves the metric "
-        "little to discriminate (multi_news: ROUGE-L over long repetitive summaries).",
+        "A generation that runs to its token cap (the task's official length, or --max-new-tokens below it), or "
+        "says one sentence three or more times, leaves the metric little to discriminate (multi_news: ROUGE-L over "
+        "long repetitive summaries).",
         "",
         "| task | budget | press | n | at the cap | repeat themselves |",
         "|---|---|---|---|---|---|",

@@ -81,6 +81,12 @@ class LongBench(Protocol[LongBenchConfig]):
             help="prompt truncation length (default: the model's context less the task's answer and 64 tokens)",
         )
         parser.add_argument(
+            "--max-new-tokens",
+            type=whole(1),
+            help="generation cap (default: each task's official answer length; below it, a departure from the "
+            "protocol that the plan and the scorecard say); the answer likelihood keeps the official length",
+        )
+        parser.add_argument(
             "--path",
             choices=list(PATHS),
             default="shared",
@@ -96,7 +102,8 @@ class LongBench(Protocol[LongBenchConfig]):
         )
 
     def record_defaults(self) -> dict:
-        return {**super().record_defaults(), "likelihood_only": False}  # what older runs did not record
+        # what older runs did not record: they generated the official length
+        return {**super().record_defaults(), "likelihood_only": False, "max_new_tokens": None}
 
     def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> LongBenchConfig:
         ratios = DEFAULT_RATIOS if args.ratios is None and args.budgets is None else args.ratios
@@ -113,6 +120,7 @@ class LongBench(Protocol[LongBenchConfig]):
             path=args.path,
             allow_import=args.allow_import,
             likelihood_only=args.likelihood_only,
+            max_new_tokens=args.max_new_tokens,
         )
 
     def row_key(self, row: LongBenchRow) -> tuple[str, str, str, str]:

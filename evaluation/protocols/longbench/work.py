@@ -15,6 +15,7 @@ from evaluation.protocols.longbench import cells
 from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
 from evaluation.protocols.longbench.data import (
     CONFIG_FILES,
+    TaskConfig,
     check_tasks,
     load_configs,
     load_task,
@@ -66,11 +67,13 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
     grid = checked_cells(config, dry_run=True)
     data_dir = local_data_dir(config.data_dir, config.tasks)
     known, answer_tokens, fetched = None, None, [what_a_run_downloads(config.tasks)]
+    official: dict[str, int] | None = None
     if data_dir is not None:
         task_configs = load_configs(data_dir, config.tasks)
         examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
         known = len(examples)
-        answer_tokens, fetched = sum(task_configs[e.task].max_new_tokens for e in examples), []
+        official = official_lengths(task_configs)
+        answer_tokens, fetched = sum(config.generation_cap(official[e.task]) for e in examples), []
     bound = known if known is not None else config.n * len(config.tasks) if config.n else None
     shared = [cell for cell in grid if config.path == "shared" and cells.shares_prefill(cell[0])]
     alone = len(grid) - len(shared)
@@ -89,10 +92,36 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
         + (f", at most {answer_tokens * len(grid)} answer tokens" if answer_tokens is not None else "")
         if not config.likelihood_only
         else "decodes: none (--likelihood-only: each cell's gold answer forced in one forward)",
+        *([departure] if (departure := departure_note(config, official)) else []),
     ]
     fetched += [what_loading_fetches(config.model.name), *fetch_notes([press for press, _ in grid], config.model.name)]
     lines += [f"a real run first fetches: {item}" for item in fetched if item] or ["everything it reads is local"]
     return "\n".join(lines)
+
+
+def official_lengths(task_configs: dict[str, TaskConfig]) -> dict[str, int]:
+    """Each task's official answer length (dataset2maxlen)."""
+    return {task: task_config.max_new_tokens for task, task_config in task_configs.items()}
+
+
+def departure_note(config: LongBenchConfig, official: dict[str, int] | None) -> str:
+    """What ``--max-new-tokens`` changes of LongBench's protocol, "" where it changes nothing; ``official``: each
+    task's answer length (dataset2maxlen), None when the data is not local yet."""
+    cap = config.max_new_tokens
+    if cap is None or config.likelihood_only:
+        return ""
+    if official is None:
+        shorter = "below the official answer length of every task whose length is longer"
+    else:
+        cut = {task: length for task, length in official.items() if length > cap}
+        if not cut:
+            return ""
+        lengths = ", ".join(f"{task} {length}" for task, length in cut.items())
+        shorter = f"below the official answer length ({lengths})"
+    return (
+        f"Departure from LongBench's protocol: generation capped at {cap} tokens (--max-new-tokens), {shorter}; "
+        "the answer likelihood keeps the official length"
+    )
 
 
 def path_note(press: str, shared: bool) -> str:
@@ -120,7 +149,13 @@ def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
         "paths": {p: cells.path_record(p, engine) for p in config.presses if p != FULL_CACHE},
     }
     work = partial(cells.run_example, config=config, task_configs=task_configs, cells=grid)
-    return Plan(units, work, settings, sample=("data_fingerprint",))
+    official = official_lengths(task_configs)
+    tokens = sum(config.generation_cap(official[e.task]) for e in examples) * len(grid)
+    summary = f"{len(examples)} examples x {len(grid)} cells = {len(examples) * len(grid)} cells, " + (
+        f"at most {tokens:,} tokens to decode" if not config.likelihood_only else "no decoding (--likelihood-only)"
+    )
+    departure = departure_note(config, official)
+    return Plan(units, work, settings, ("data_fingerprint",), summary + (f"; {departure}" if departure else ""))
 
 
 def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dict]) -> None:
@@ -138,8 +173,12 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
         "over examples] (n). The full cache is repeated on every budget row; with several tasks, `average` is the "
         "mean of the task means."
     )
+    official = official_lengths(task_configs)
+    departure = departure_note(config, official)
+    if departure:
+        note += f" **{departure}.**"
     labels = [b.label for b in config.budgets]
-    caps = {task: task_config.max_new_tokens for task, task_config in task_configs.items()}
+    caps = {task: config.generation_cap(length) for task, length in official.items()}
     appendix = ([] if config.likelihood_only else degeneracy_lines(rows, caps)) + overlap_section(
         output, rows, REFERENCE
     )

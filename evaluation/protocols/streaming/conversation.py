@@ -9,7 +9,6 @@ itself before each question. Every row records its ``path``, and run.json how ea
 from __future__ import annotations
 
 import torch
-from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import (
@@ -43,7 +42,6 @@ from evaluation.protocols.streaming.task import StreamTask
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
-from evaluation.runs.terminal import interactive
 
 
 def cell_key(conversation: Conversation, question: Question, cell: Cell) -> tuple[str, int, str, str]:
@@ -70,8 +68,8 @@ class ConversationRun:
     def history(self, cells: list[Cell]) -> History:
         return History(self.model, self.kinds, [resolve_press(name).needs for name, _ in cells])
 
-    def run(self, conversation: Conversation, store: ResultStore, bar: tqdm) -> None:
-        self.conversation, self.store, self.bar = conversation, store, bar
+    def run(self, conversation: Conversation, store: ResultStore) -> None:
+        self.conversation, self.store = conversation, store
         questions = asked_questions(conversation, self.config)
         if self.config.placement == "evidence":
             self.stream_sessions(questions)
@@ -174,7 +172,6 @@ class ConversationRun:
         if missing:
             for row in self.answer(history, question_ids, question, missing, turn, visible):
                 self.store.append(row)
-                self.bar.update()
         stored = [self.store.get(cell_key(self.conversation, question, cell)) for cell in cells]
         unfilled = [(cell, row) for cell, row in zip(cells, stored, strict=True) if lacks(row, LIKELIHOOD)]
         if unfilled:
@@ -381,6 +378,4 @@ def run_conversation(
     resolve_presses(config.presses, config.allow_import)  # once per process: a Ray worker's own resolution
     model, tokenizer = loaded
     conversation: Conversation = unit.payload
-    missing = sum(key not in store for key in unit.keys)
-    with tqdm(total=missing, desc=conversation.sample_id, unit="answer", leave=False, disable=not interactive()) as bar:
-        ConversationRun(config, task, model, tokenizer, cells).run(conversation, store, bar)
+    ConversationRun(config, task, model, tokenizer, cells).run(conversation, store)

@@ -167,7 +167,15 @@ def plan(protocol: Streamed, config: StreamConfig) -> Plan:
         for c in conversations
     ]
     work = partial(streamed.run_conversation, config=config, task=protocol.task, cells=cells)
-    return Plan(units, work, settings, sample=("data_fingerprint",))
+    questions = sum(len(answered(protocol, c, config)) for c in conversations)
+    answers = questions * len(cells)
+    decoding = (
+        "no decoding (--likelihood-only)"
+        if config.likelihood_only
+        else f"at most {answers * config.max_new_tokens:,} tokens to decode"
+    )
+    summary = f"{len(conversations)} conversations, {questions} questions x {len(cells)} cells = {answers} answers"
+    return Plan(units, work, settings, ("data_fingerprint",), f"{summary}, {decoding}")
 
 
 ANSWER_HELD = Metric(
