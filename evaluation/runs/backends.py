@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from evaluation.errors import EvaluationError, first_line, refused_write
+from evaluation.errors import EvaluationError, MemoryRefusal, first_line, refused_write
 from evaluation.runs.store import MemoryStore, ResultStore
 from evaluation.runs.terminal import interactive
 
@@ -125,7 +125,7 @@ def check_complete(unit: Unit, store: ResultStore) -> None:
 def is_out_of_memory(error: BaseException) -> bool:
     import torch
 
-    return isinstance(error, (torch.OutOfMemoryError, MemoryError))
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError, MemoryRefusal))
 
 
 class RayWorker:

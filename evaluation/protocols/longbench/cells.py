@@ -10,6 +10,8 @@ Each row records the path that produced it.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label, ratio_for
@@ -17,7 +19,7 @@ from evaluation.catalogue.registry import question_position
 from evaluation.catalogue.resolved import resolve_press, resolve_presses
 from evaluation.engine.decoding import answer_ids_of, decode_batch_forced, eos_ids, generate
 from evaluation.engine.history import History
-from evaluation.errors import PressCannotRun
+from evaluation.errors import PressCannotRun, press_cell
 from evaluation.metrics.longbench import sample_score
 from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import (
@@ -29,6 +31,7 @@ from evaluation.protocols.longbench.protocol import LongBenchRow
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
+from presses.attention import attention_implementation
 
 CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
 
@@ -121,8 +124,8 @@ def gold_answer_ids(tokenizer: PreTrainedTokenizerBase, example: Example, task_c
 def failed_row(
     example: Example, press_name: str, budget: Budget | None, length: int, path: str, error: Exception
 ) -> LongBenchRow:
-    """A cell the press could not run on this example (too short for its window, a lag over the budget...):
-    stored with its reason, counted in the scorecard, never retried on resume."""
+    """A cell the press could not run on this example (too short for its window, a lag over the budget, an error
+    of its own: ``press_cell``): stored with its reason, counted in the scorecard, never retried on resume."""
     return {
         **cell_identity(example, press_name, budget, length),
         "path": path,
@@ -153,18 +156,21 @@ def run_cell(
     budget: Budget | None,
 ) -> dict:
     """The per-cell reference path: KVPress's prefill under the press (eager where it needs the weights), then
-    greedy decoding."""
+    greedy decoding; the model's attention implementation is restored afterwards. A press's error is the cell's
+    failure (``press_cell``); the full-cache cell's stops the run."""
     length = prompt.context_ids.shape[1]
     resolved = resolve_press(press_name)
-    press = resolved.build(ratio_for(budget, length), length)
     implementation = "eager" if resolved.reads_weights else config.model.attn_implementation
-    model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
     answer = gold_answer_ids(tokenizer, example, task_config)
     cap = generation_cap(config, task_config)
+    rule = nullcontext if budget is None else press_cell
     try:
         check_answer(config, example, answer)
-        generation = generate(model, prompt.context_ids, prompt.question_ids, press, cap, stop, answer)
+        with rule(press_name):
+            press = resolved.build(ratio_for(budget, length), length)
+        with rule(press), attention_implementation(model, implementation):
+            generation = generate(model, prompt.context_ids, prompt.question_ids, press, cap, stop, answer)
     except PressCannotRun as error:
         return failed_row(example, press_name, budget, length, "per-cell", error)
     tokens, kept = generation.token_ids, generation.kept_tokens
@@ -192,14 +198,16 @@ def run_shared(
         check_answer(config, example, answer)
     except PressCannotRun as error:
         return [failed_row(example, press_name, budget, length, "shared", error) for press_name, budget in cells]
-    presses = [resolve_press(name).build(ratio_for(budget, length), length) for name, budget in cells]
-    history = History(model, frozenset({"context"}), presses)
+    history = History(model, frozenset({"context"}), [resolve_press(name).needs for name, _ in cells])
     history.extend(prompt.context_ids[0].tolist(), "context")
     rows, derived, starts = [], [], []
     for press_name, budget in cells:
-        press = presses.pop(0)  # once its cache is built, nothing it holds is needed while decoding
+        rule = nullcontext if budget is None else press_cell
         try:
-            derived.append((press_name, budget, history.compress(press)))
+            with rule(press_name):
+                press = resolve_press(press_name).build(ratio_for(budget, length), length)
+            with rule(press):
+                derived.append((press_name, budget, history.compress(press)))
             starts.append(question_position(press, length, derived[-1][2].cache.get_seq_length()))
         except PressCannotRun as error:
             rows.append(failed_row(example, press_name, budget, length, "shared", error))
