@@ -12,6 +12,7 @@ sliding-window layer's mask is applied as the model applied it.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,6 +64,34 @@ def row_positions(kwargs: dict, n_rows: int) -> torch.Tensor:
     if positions.shape[-1] >= n_rows:
         return positions[:, -n_rows:]
     return positions[:, -1:] - n_rows + 1 + torch.arange(n_rows, device=positions.device)
+
+
+def host_values(tensor: torch.Tensor) -> list:
+    """``tensor.tolist()``, read from its device once per tensor: every layer of a forward is handed the same
+    ``cache_position`` and ``position_ids``, so one wait for the device serves them all."""
+    held = _HOST_VALUES.get(id(tensor))
+    if held is not None and held[0]() is tensor:
+        return held[1]
+    key = id(tensor)
+    _HOST_VALUES[key] = (weakref.ref(tensor, lambda _: _HOST_VALUES.pop(key, None)), tensor.tolist())
+    return _HOST_VALUES[key][1]
+
+
+_HOST_VALUES: dict[int, tuple[weakref.ref, list]] = {}
+
+
+def newest_host_positions(kwargs: dict, n_rows: int) -> list[int]:
+    """``row_positions(kwargs, n_rows)`` of the first sequence, on the host (``host_values``)."""
+    positions = kwargs.get("position_ids")
+    first = host_values(kwargs["cache_position"]) if positions is None else host_values(positions)[0]
+    if len(first) >= n_rows:
+        return first[len(first) - n_rows :]
+    return list(range(first[-1] - n_rows + 1, first[-1] + 1))
+
+
+def is_prefilling(kwargs: dict, q_len: int) -> bool:
+    """KVPress's test of a prefill (the forward's last cache position is its ``q_len``-th), on the host."""
+    return host_values(kwargs["cache_position"])[-1] + 1 == q_len
 
 
 def causal_mask(rows: torch.Tensor, k_len: int) -> torch.Tensor:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from kvpress.presses.scorer_press import ScorerPress
 from kvpress.utils import compute_n_kept
 from torch import nn
+from transformers import PreTrainedModel
+
+from presses.flash_guard import FlashGuard
 
 
 def kept_indices(scores: torch.Tensor, n_kept: int, keep_older: bool = False) -> torch.Tensor:
@@ -47,10 +50,17 @@ def check_compression_ratio(compression_ratio: float) -> None:
 @dataclass
 class OrderedScorerPress(ScorerPress):
     """A ``ScorerPress`` that stores kept entries in ascending position order and evicts the lower position
-    on ties (KVPress's ``ScorerPress`` keeps them in score order, with ``topk``'s unspecified tie order)."""
+    on ties (KVPress's ``ScorerPress`` keeps them in score order, with ``topk``'s unspecified tie order). Under
+    flash attention, a padded forward over a cache it compressed is refused before it runs (``FlashGuard``)."""
+
+    _flash_guard: FlashGuard = field(default_factory=FlashGuard, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_compression_ratio(self.compression_ratio)
+
+    def post_init_from_model(self, model: PreTrainedModel) -> None:
+        if model.config._attn_implementation.startswith("flash"):
+            self._flash_guard.attach(model, self)
 
     def compress(
         self,

@@ -7,11 +7,18 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
-from kvpress.presses.base_press import is_prefilling
 from kvpress.utils import compute_n_kept
 from transformers import PreTrainedModel
 
-from presses.attention import DEFAULT_CHUNK_SIZE, attention_rows, group_mean, recomputed_keys, row_positions
+from presses.attention import (
+    DEFAULT_CHUNK_SIZE,
+    attention_rows,
+    group_mean,
+    is_prefilling,
+    newest_host_positions,
+    recomputed_keys,
+    row_positions,
+)
 from presses.column_sums import ColumnSums
 from presses.fused_attention import fused_column_sums
 from presses.ordered_scorer_press import OrderedScorerPress, check_compression_ratio, gather_kept, kept_indices
@@ -135,20 +142,21 @@ class RMMPress(OrderedScorerPress):
         slice of it, as ``ChunkPress`` does); while decoding, the rows handed in (``DecodingPress``'s buffer)."""
         batch, num_kv_heads, k_len = keys.shape[:3]
         layer, cache = module.layer_idx, kwargs.get("past_key_values")
-        prefilling = is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1])
+        prefilling = is_prefilling(kwargs, kwargs["hidden_states"].shape[1])
         rows = kwargs["hidden_states"] if prefilling else hidden_states
         n_rows = rows.shape[1]
         positions = row_positions(kwargs, n_rows).expand(batch, -1).to(keys.device)
+        held = newest_host_positions(kwargs, n_rows)  # the first sequence's, on the host
         known = self._caches.get(layer)
         smoother = self._smoothers.get(layer) if known is not None and known() is cache else None
         if prefilling and (smoother is None or smoother.source() is not rows):  # a new forward: observe it whole
             full = keys if k_len == n_rows else recomputed_keys(module, rows, kwargs)
             smoother = Smoother.start(self.lag, positions[:, None].expand(-1, num_kv_heads, -1), key_marks(full))
-            self._observe_rows(module, smoother, rows, full, attentions, kwargs, positions, True)
+            self._observe_rows(module, smoother, rows, full, attentions, kwargs, positions, held, True)
             smoother.source = weakref.ref(rows)
         elif smoother is None:  # a cache met for the first time while decoding
             old = k_len - n_rows  # cached positions older than the rows handed in: 0.. unless another press evicted
-            compressed = int(positions[0, -1]) + 1 != k_len
+            compressed = held[-1] + 1 != k_len
             older = (
                 torch.full((old,), UNKNOWN, device=keys.device) if compressed else torch.arange(old, device=keys.device)
             )
@@ -156,10 +164,9 @@ class RMMPress(OrderedScorerPress):
             smoother = Smoother.start(
                 self.lag, slots[:, None].expand(-1, num_kv_heads, -1).contiguous(), key_marks(keys)
             )
-            self._observe_prefix(module, smoother, keys, kwargs, positions)
-            self._observe_rows(module, smoother, rows, keys, attentions, kwargs, positions, False)
+            self._observe_prefix(module, smoother, keys, kwargs, positions, held)
+            self._observe_rows(module, smoother, rows, keys, attentions, kwargs, positions, held, False)
         elif not prefilling:
-            held = positions[0].tolist()
             first, last = held[0], held[-1]
             if first <= smoother.newest_position:  # the cache was cropped back (a new question)
                 smoother.drop_from(first)
@@ -174,33 +181,37 @@ class RMMPress(OrderedScorerPress):
                 smoother.keep(smoother.locate(key_marks(keys[:, :, : k_len - appended])))
             new = positions[:, None, n_rows - appended :].expand(-1, num_kv_heads, -1)
             smoother.append(new, key_marks(keys[:, :, k_len - appended :]))
-            self._observe_rows(module, smoother, rows, keys, attentions, kwargs, positions, False)
+            self._observe_rows(module, smoother, rows, keys, attentions, kwargs, positions, held, False)
         self._smoothers[layer] = smoother
         self._caches[layer] = weakref.ref(cache) if cache is not None else lambda: None
         if smoother.size == k_len and (not prefilling or k_len == n_rows):
             return smoother, torch.arange(k_len, device=keys.device).expand(batch, num_kv_heads, -1)
         return smoother, smoother.locate(key_marks(keys))  # a subset of what was observed (a wrapper's choice)
 
-    def _observe_rows(self, module, smoother, hidden_states, keys, attentions, kwargs, positions, prefilling) -> None:
-        """Observe the rows of ``hidden_states`` at ``positions`` that ``smoother`` has not seen yet."""
-        smoother.revise(self._transcript.confirmation(self.correctness))
+    def _observe_rows(
+        self, module, smoother, hidden_states, keys, attentions, kwargs, positions, held, prefilling
+    ) -> None:
+        """Observe the rows of ``hidden_states`` at ``positions`` that ``smoother`` has not seen yet; ``held``: the
+        first sequence's positions of those rows, on the host."""
+        smoother.revise(self._transcript.confirmation(self.correctness), self._settled_at)
         sums = self._handed_sums(module.layer_idx, keys.shape[2]) if prefilling and attentions is None else None
         if sums is not None:
             smoother.set_sums(group_mean(sums.float(), keys.shape[1]))
             return
-        last = int(positions[0, -1])
+        last = held[-1]
         n_new = min(positions.shape[1], max(0, last - smoother.newest_position))  # rows at consecutive positions
         smoother.newest_position = max(smoother.newest_position, last)
         if not n_new:
             return
-        weights, unconfirmed = self.row_weights(positions[:, -n_new:], prefilling)
+        observed = held[len(held) - n_new :]
+        weights, unconfirmed = self.row_weights(positions[:, -n_new:], prefilling, observed)
         rows = attention_rows(module, hidden_states, keys, attentions, kwargs, n_new, self.chunk_size)
         for first, probs in rows.chunks:
             span = slice(first, first + probs.shape[2])
             valid = None if rows.valid is None else rows.valid[:, span]
             settled = [row - first for row in unconfirmed if span.start <= row < span.stop]
             grouped = group_mean(probs, keys.shape[1])
-            smoother.observe(positions[:, -n_new:][:, span], weights[:, span], grouped, valid, settled)
+            smoother.observe(positions[:, -n_new:][:, span], weights[:, span], grouped, valid, settled, observed[span])
 
     def _handed_sums(self, layer_idx: int, k_len: int) -> torch.Tensor | None:
         """The sums handed for the layer over ``k_len`` keys, taken from the press; None if none."""
@@ -209,12 +220,12 @@ class RMMPress(OrderedScorerPress):
             return None
         return self._handed.pop(layer_idx)
 
-    def _observe_prefix(self, module, smoother, keys, kwargs, positions) -> None:
+    def _observe_prefix(self, module, smoother, keys, kwargs, positions, held: list[int]) -> None:
         """A decoding cache met for the first time: replay its older positions, which this press never saw
         (KVPress's pipeline prefills outside ``DecodingPress``), from layer 0's values, and observe their rows.
         A prefix another press compressed cannot be replayed: it starts unobserved."""
-        first, cache = int(positions[0, 0]), kwargs["past_key_values"]
-        if self._model is None or int(positions[0, -1]) + 1 != keys.shape[2]:
+        first, cache = held[0], kwargs["past_key_values"]
+        if self._model is None or held[-1] + 1 != keys.shape[2]:
             warnings.warn(
                 "RMMPress meets a compressed cache it never saw: its older positions start unobserved", stacklevel=3
             )
@@ -227,22 +238,26 @@ class RMMPress(OrderedScorerPress):
         hidden, rotary = self._prefix["captured"].pop(module.layer_idx)
         rows = torch.arange(first, device=keys.device).expand(keys.shape[0], -1)
         kwargs = {"position_embeddings": rotary, "position_ids": rows[:1]}
-        self._observe_rows(module, smoother, hidden, keys[:, :, :first], None, kwargs, rows, False)
+        self._observe_rows(module, smoother, hidden, keys[:, :, :first], None, kwargs, rows, list(range(first)), False)
 
-    def row_weights(self, positions: torch.Tensor, prefilling: bool) -> tuple[torch.Tensor, list[int]]:
+    def row_weights(
+        self, positions: torch.Tensor, prefilling: bool, held: list[int] | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
         """w(t) at ``positions`` (batch, n_rows), and the rows whose weights are still provisional (their indices):
-        rows whose prediction (or next token) is not known yet count as correct until ``Smoother.revise``."""
+        rows whose prediction (or next token) is not known yet count as correct until ``Smoother.revise``.
+        ``held``: the first sequence's positions on the host, which spare waits for the device where they tell."""
         if isinstance(self.correctness, torch.Tensor):
-            if int(positions.max()) >= self.correctness.shape[-1]:
+            newest = int(positions.max()) if held is None or positions.shape[0] > 1 else max(held)
+            if newest >= self.correctness.shape[-1]:
                 raise ValueError(
                     f"RMMPress has {self.correctness.shape[-1]} per-position weights but the cache reaches position "
-                    f"{int(positions.max())}: supply one weight per position of the sequence."
+                    f"{newest}: supply one weight per position of the sequence."
                 )
             weights = self.correctness.to(positions.device).expand(positions.shape[0], -1)
             return weights.gather(1, positions), []
         if self.from_predictions and prefilling:
             self._transcript.predict(self._model, positions, self.correctness)
-        known = self._transcript.weights(positions, self.correctness) if self.from_predictions else None
+        known = self._transcript.weights(positions, self.correctness, held) if self.from_predictions else None
         if self.from_predictions and known is None:
             warnings.warn(
                 f"RMMPress(correctness={self.correctness!r}) cannot see the token ids (the model ran on inputs_embeds, "
@@ -251,9 +266,15 @@ class RMMPress(OrderedScorerPress):
             )
         return known or (torch.ones(positions.shape, device=positions.device), [])
 
+    def _settled_at(self, position: int) -> bool | None:
+        """Whether the weight of the row at ``position`` is known, from the transcript's host record (None: ask the
+        device)."""
+        return self._transcript.settled_at(position, self.correctness) if self.from_predictions else None
+
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Record the token ids and predictions of what the model runs, under this press or a wrapper's hooks;
         the hooks go when the hooks of the press that holds this one are removed."""
+        super().post_init_from_model(model)
         self._transcript.detach()
         self._model = model
         if self.from_predictions:

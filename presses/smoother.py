@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
+from typing import NamedTuple
 
 import torch
 
@@ -29,14 +30,16 @@ Confirmation = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # po
 
 
 @cache
-def _directions(head_dim: int) -> torch.Tensor:
-    return torch.randn(head_dim, MARK_DIMS, generator=torch.Generator().manual_seed(0))
+def _directions(head_dim: int, device: torch.device) -> torch.Tensor:
+    """The fingerprints' random directions, made on the CPU and copied to ``device`` once (a copy from the host's
+    memory makes the host wait for the device)."""
+    return torch.randn(head_dim, MARK_DIMS, generator=torch.Generator().manual_seed(0)).to(device)
 
 
 def key_marks(keys: torch.Tensor) -> torch.Tensor:
     """Fingerprints of keys (batch, num_kv_heads, n, head_dim): (batch, num_kv_heads, n, MARK_DIMS) float32. A
     kept key is never changed by an eviction, so its fingerprint finds its slot again."""
-    return keys.float() @ _directions(keys.shape[-1]).to(keys.device)
+    return keys.float() @ _directions(keys.shape[-1], keys.device)
 
 
 def nearest_slots(slot_marks: torch.Tensor, marks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,6 +67,15 @@ def nearest_slots(slot_marks: torch.Tensor, marks: torch.Tensor) -> tuple[torch.
     return index, closest <= SAME_KEY * scale
 
 
+class Pending(NamedTuple):
+    """A row whose weight is not known yet: its position (batch,), its contribution to every slot, and the first
+    sequence's position on the host (None where unknown there)."""
+
+    row: torch.Tensor
+    contribution: torch.Tensor
+    position: int | None
+
+
 @dataclass
 class Smoother:
     """The smoother's state for one layer: shapes (batch, num_kv_heads, n_slots).
@@ -82,7 +94,7 @@ class Smoother:
     rows: torch.Tensor
     seen: torch.Tensor
     newest: torch.Tensor
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
     newest_position: int = -1  # ``newest`` of batch row 0, on the host (kept by the caller of ``observe``)
     source: Callable[[], object] = lambda: None  # a weak reference to the layer input a prefill observed
 
@@ -105,7 +117,9 @@ class Smoother:
         self.utility = torch.cat([self.utility, zeros], dim=-1)
         self.rows = torch.cat([self.rows, zeros], dim=-1)
         self.seen = torch.cat([self.seen, zeros.bool()], dim=-1)
-        self.pending = [(row, torch.cat([contribution, zeros], dim=-1)) for row, contribution in self.pending]
+        self.pending = [
+            held._replace(contribution=torch.cat([held.contribution, zeros], dim=-1)) for held in self.pending
+        ]
 
     def observe(
         self,
@@ -114,6 +128,7 @@ class Smoother:
         probs: torch.Tensor,
         valid: torch.Tensor | None = None,
         unconfirmed: list[int] | None = None,
+        host_positions: list[int] | None = None,
     ) -> None:
         """Add rows of attention to the slots of their windows.
 
@@ -121,7 +136,8 @@ class Smoother:
         n_rows, n_visible): each row's attention to the first ``n_visible`` slots, averaged over the query heads of
         each KV group; ``valid`` (batch, n_rows): False for padding rows, which neither add nor count;
         ``unconfirmed``: the indices (among the n_rows) of rows whose weight is provisional, kept in ``pending`` for
-        ``revise`` (a host list: nothing here waits for the device).
+        ``revise`` (a host list: nothing here waits for the device); ``host_positions``: the first sequence's
+        ``row_positions`` on the host, kept with them so that ``revise`` may ask the host whether they are settled.
         """
         device = self.positions.device  # the layer's keys' device: row data may come from another (a device map)
         row_positions, weights, probs = row_positions.to(device), weights.to(device), probs.to(device)
@@ -133,8 +149,8 @@ class Smoother:
         contribution = probs.float() * weights.float()[:, None, :, None] * window
         held = unconfirmed or []
         settled = contribution.sum(2)
-        if held:
-            settled -= contribution[:, :, torch.tensor(held, device=device)].sum(2)
+        if held:  # the held rows picked one by one: an index tensor would be a copy from the host
+            settled -= torch.stack([contribution[:, :, row] for row in held], dim=2).sum(2)
         self.utility[..., :visible] += settled
         self.rows[..., :visible] += window.sum(2)
         reached = probs > 0 if valid is None else (probs > 0) & valid[:, None, :, None]
@@ -143,7 +159,9 @@ class Smoother:
         for row in held:
             pending = torch.zeros_like(self.utility)
             pending[..., :visible] = contribution[:, :, row]
-            self.pending.append((row_positions[:, row], pending))
+            self.pending.append(
+                Pending(row_positions[:, row], pending, host_positions[row] if host_positions else None)
+            )
 
     def set_sums(self, utility: torch.Tensor) -> None:
         """Take every slot's utility from sums computed elsewhere over all rows up to the newest slot
@@ -155,16 +173,18 @@ class Smoother:
         self.rows = (ages + 1 if self.lag is None else ages.clamp(max=self.lag)).float()
         self.seen = torch.ones_like(self.seen)
 
-    def revise(self, confirm: Confirmation) -> None:
+    def revise(self, confirm: Confirmation, settled_at: Callable[[int], bool | None] = lambda position: None) -> None:
         """Settle the pending rows whose correctness is now known: a right one's contribution joins the utility,
-        a wrong one's is dropped."""
+        a wrong one's is dropped. ``settled_at``: whether a row at a position is settled, known on the host (None:
+        not known there, and the device is asked)."""
         still = []
-        for row, contribution in self.pending:
-            correct, known = confirm(row[:, None])
-            if bool(known.all()):
-                self.utility += contribution * correct[:, 0, None, None].to(contribution.device)
+        for held in self.pending:
+            known = None if held.position is None else settled_at(held.position)
+            correct, settled = confirm(held.row[:, None])
+            if known if known is not None else bool(settled.all()):
+                self.utility += held.contribution * correct[:, 0, None, None].to(held.contribution.device)
             else:
-                still.append((row, contribution))
+                still.append(held)
         self.pending = still
 
     def provisional(self) -> torch.Tensor:
@@ -178,7 +198,7 @@ class Smoother:
         utility (pending rows counted as correct; ``lag=None``: its mean over the rows counted), slots no valid
         row saw -inf. Ties keep the older slot (``kept_indices(..., keep_older=True)``)."""
         provisional = self.provisional()
-        utility = self.utility + sum(contribution for _, contribution in self.pending)
+        utility = self.utility + sum(held.contribution for held in self.pending)
         scores = utility if self.lag is not None else utility / self.rows.clamp(min=1)
         scores = scores.masked_fill(~self.seen & ~provisional, UNSEEN)
         return scores.masked_fill(provisional, float("inf"))
@@ -198,14 +218,16 @@ class Smoother:
         self.utility = self.utility.gather(-1, indices)
         self.rows = self.rows.gather(-1, indices)
         self.seen = self.seen.gather(-1, indices)
-        self.pending = [(row, contribution.gather(-1, indices)) for row, contribution in self.pending]
+        self.pending = [held._replace(contribution=held.contribution.gather(-1, indices)) for held in self.pending]
 
     def drop_from(self, position: int) -> None:
         """Forget the slots and pending rows at ``position`` and later: a cache cropped back to before them (its
         newest entries, appended last, are the ones cut)."""
         kept = int((self.positions[0, 0] < position).sum())
         self.keep(torch.arange(kept, device=self.positions.device).expand(*self.positions.shape[:2], -1))
-        self.pending = [(row, contribution) for row, contribution in self.pending if int(row[0]) < position]
+        self.pending = [
+            held for held in self.pending if (int(held.row[0]) if held.position is None else held.position) < position
+        ]
         self.newest = torch.clamp(self.newest, max=position - 1)
         self.newest_position = min(self.newest_position, position - 1)
 

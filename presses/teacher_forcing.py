@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
+from presses.attention import host_values
 from presses.smoother import Confirmation
 from presses.wrapped import every_press
 
@@ -120,6 +121,27 @@ def input_ids_of(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return kwargs.get("input_ids", args[0] if args else None)
 
 
+def shared_run(kwargs: dict, length: int) -> list[int] | None:
+    """The positions of a decoder stack's ``length`` input rows on the host, when every sequence has them and they
+    run consecutively without padding; else None."""
+    padding = kwargs.get("attention_mask")
+    if padding is not None and not bool(padding.all()):
+        return None
+    positions, cache_position = kwargs.get("position_ids"), kwargs.get("cache_position")
+    if positions is not None:
+        rows = host_values(positions)
+        host = rows[0]
+        if any(row != host for row in rows[1:]):
+            return None
+    elif cache_position is not None:
+        host = host_values(cache_position)
+    else:
+        cache = kwargs.get("past_key_values")
+        start = cache.get_seq_length() if cache is not None else 0
+        host = list(range(start, start + length))
+    return host if host == list(range(host[0], host[0] + len(host))) else None
+
+
 def forward_positions(kwargs: dict, length: int, device: torch.device) -> torch.Tensor:
     """Absolute positions (batch or 1, length) of a decoder stack's input rows."""
     positions = kwargs.get("position_ids")
@@ -133,22 +155,35 @@ def forward_positions(kwargs: dict, length: int, device: torch.device) -> torch.
     return torch.arange(start, start + length, device=device)[None]
 
 
-class Transcript:
-    """Token ids, top-1 predictions and (when ``confident``) their probabilities by absolute position, for the
-    sequence a wrapped press is compressing.
-
-    ``attach`` hooks the decoder stack (its input ids) and its final norm (the predictions of every row it
-    outputs). The hooks live as long as the wrapper press that runs ``owner``: once its attention hooks are
-    removed (the wrapper's context exits), the transcript's own hooks are removed with them. A forward supersedes
-    everything recorded from its first position on (a new sequence, a cache cropped for the next question).
-    ``confirm`` reads teacher-forced correctness, ``confident_weights`` the probabilities (``confirmation`` picks).
-    """
+class Spans:
+    """A set of positions as sorted, disjoint, non-adjacent half-open ranges [start, stop)."""
 
     def __init__(self) -> None:
-        self.tokens = torch.empty(0, 0, dtype=torch.long)  # (batch, positions); -1 unknown
-        self.predictions = torch.empty(0, 0, dtype=torch.long)
-        self.probabilities = torch.empty(0, 0, dtype=torch.float32)  # recorded only when ``confident``
-        self.confident = False
+        self.ranges: list[tuple[int, int]] = []
+
+    def add(self, start: int, stop: int) -> None:
+        merged = []
+        for first, last in self.ranges:
+            if last < start or first > stop:
+                merged.append((first, last))
+            else:
+                start, stop = min(start, first), max(stop, last)
+        self.ranges = sorted([*merged, (start, stop)])
+
+    def cut(self, length: int) -> None:
+        """Keep the positions below ``length``."""
+        self.ranges = [(first, min(last, length)) for first, last in self.ranges if first < length]
+
+    def covers(self, start: int, stop: int) -> bool:
+        return any(first <= start and stop <= last for first, last in self.ranges)
+
+
+class WrapperBound:
+    """Hooks on the model whose lifetime is the attention hooks of the press that runs ``owner`` (itself or a
+    wrapper holding it): ``_bind_to_wrapper`` ties them on their first call, and once those hooks are removed (the
+    press's context exits), these are removed too."""
+
+    def __init__(self) -> None:
         self.handles: list[RemovableHandle] = []
         self._bound: list[weakref.finalize] = []
 
@@ -156,65 +191,12 @@ class Transcript:
     def attached(self) -> bool:
         return bool(self.handles)
 
-    def attach(self, model: PreTrainedModel, owner: object, confident: bool = False) -> None:
-        self.detach()
-        self.confident = confident
-        stack = language_model(model)
-        lm_head = model.get_output_embeddings()
-        self.handles = [
-            stack.register_forward_pre_hook(lambda m, a, k: self._record_ids(model, owner, a, k), with_kwargs=True),
-            stack.norm.register_forward_hook(lambda m, a, out: self._record_predictions(lm_head, out)),
-        ]
-
     def detach(self) -> None:
         for handle in self.handles:
             handle.remove()
         for bound in self._bound:
             bound.detach()
         self.handles, self._bound = [], []
-
-    def clear(self) -> None:
-        self._truncate(0)
-
-    def _truncate(self, length: int) -> None:
-        """Forget everything recorded at position ``length`` and later."""
-        tables = (self.tokens, self.predictions, self.probabilities)
-        self.tokens, self.predictions, self.probabilities = (table[:, :length] for table in tables)
-
-    def _record_ids(self, model: PreTrainedModel, owner: object, args: tuple, kwargs: dict) -> None:
-        if not self._bind_to_wrapper(model, owner):
-            return
-        ids = input_ids_of(args, kwargs)
-        if ids is None:
-            return
-        positions = forward_positions(kwargs, ids.shape[1], ids.device).expand(ids.shape[0], -1)
-        padding = kwargs.get("attention_mask")
-        if padding is not None and padding.ndim == 2 and padding.shape == ids.shape:
-            positions = positions.masked_fill(padding == 0, -1)  # no padding token is recorded
-        first = max(int(positions.max(-1).values.min()) - ids.shape[1] + 1, 0)  # this forward supersedes from here
-        self._truncate(first)
-        self.tokens = _write(self.tokens, positions, ids)
-        self._last_positions = positions
-        self._call = {"input_ids": ids, **{key: kwargs.get(key) for key in ("attention_mask", "position_ids")}}
-
-    def _record_predictions(self, lm_head: nn.Module, output: torch.Tensor) -> None:
-        positions = getattr(self, "_last_positions", None)
-        if positions is None or positions.shape[1] != output.shape[1]:
-            return
-        known = _read(self.predictions, positions)
-        if bool((known >= 0).all()):
-            return  # a pre-pass already predicted these rows
-        self._write_predictions(lm_head, positions, output)
-
-    def _write_predictions(self, lm_head: nn.Module, positions: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Record the predictions of the rows of ``hidden`` (and, when ``confident``, their probabilities, from the
-        same pass over the vocabulary) at ``positions`` (batch, length)."""
-        if self.confident:
-            predicted, probabilities = top1_confidence(lm_head, hidden)
-            self.probabilities = _write(self.probabilities, positions, probabilities)
-        else:
-            predicted = top1_predictions(lm_head, hidden)
-        self.predictions = _write(self.predictions, positions, predicted)
 
     def _bind_to_wrapper(self, model: PreTrainedModel, owner: object) -> bool:
         """Tie the hooks' lifetime to the wrapper's attention hooks; False (and detach) when none is left."""
@@ -233,11 +215,115 @@ class Transcript:
         self._bound = [weakref.finalize(hook, self.detach) for hook in hooks]
         return True
 
+
+class Transcript(WrapperBound):
+    """Token ids, top-1 predictions and (when ``confident``) their probabilities by absolute position, for the
+    sequence a wrapped press is compressing.
+
+    ``attach`` hooks the decoder stack (its input ids) and its final norm (the predictions of every row it
+    outputs). The hooks live as long as the wrapper press that runs ``owner``: once its attention hooks are
+    removed (the wrapper's context exits), the transcript's own hooks are removed with them. A forward supersedes
+    everything recorded from its first position on (a new sequence, a cache cropped for the next question).
+    ``confirm`` reads teacher-forced correctness, ``confident_weights`` the probabilities (``confirmation`` picks).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = torch.empty(0, 0, dtype=torch.long)  # (batch, positions); -1 unknown
+        self.predictions = torch.empty(0, 0, dtype=torch.long)
+        self.probabilities = torch.empty(0, 0, dtype=torch.float32)  # recorded only when ``confident``
+        self.confident = False
+        # on the host: the positions where every sequence's token and prediction are recorded; None once the host
+        # cannot tell (padding, or sequences at different positions): the device is asked then
+        self.extent: tuple[Spans, Spans] | None = (Spans(), Spans())
+        self._last_host: list[int] | None = None
+
+    def attach(self, model: PreTrainedModel, owner: object, confident: bool = False) -> None:
+        self.detach()
+        self.confident = confident
+        stack = language_model(model)
+        lm_head = model.get_output_embeddings()
+        self.handles = [
+            stack.register_forward_pre_hook(lambda m, a, k: self._record_ids(model, owner, a, k), with_kwargs=True),
+            stack.norm.register_forward_hook(lambda m, a, out: self._record_predictions(lm_head, out)),
+        ]
+
+    def clear(self) -> None:
+        self._truncate(0)
+        self.extent = (Spans(), Spans())
+
+    def _truncate(self, length: int) -> None:
+        """Forget everything recorded at position ``length`` and later."""
+        tables = (self.tokens, self.predictions, self.probabilities)
+        self.tokens, self.predictions, self.probabilities = (table[:, :length] for table in tables)
+        if self.extent is not None:
+            for spans in self.extent:
+                spans.cut(length)
+
+    def _extend(self, which: int, host: list[int] | None) -> None:
+        """The host record after a write at ``host`` (consecutive positions, None: unknown) of tokens (``which``
+        0) or predictions (1)."""
+        if self.extent is not None and host is None:
+            self.extent = None
+        elif self.extent is not None:
+            self.extent[which].add(host[0], host[-1] + 1)
+
+    def _record_ids(self, model: PreTrainedModel, owner: object, args: tuple, kwargs: dict) -> None:
+        if not self._bind_to_wrapper(model, owner):
+            return
+        ids = input_ids_of(args, kwargs)
+        if ids is None:
+            return
+        positions = forward_positions(kwargs, ids.shape[1], ids.device).expand(ids.shape[0], -1)
+        padding = kwargs.get("attention_mask")
+        if padding is not None and padding.ndim == 2 and padding.shape == ids.shape:
+            positions = positions.masked_fill(padding == 0, -1)  # no padding token is recorded
+        host = shared_run(kwargs, ids.shape[1])
+        if host is None:
+            first = max(int(positions.max(-1).values.min()) - ids.shape[1] + 1, 0)  # this forward supersedes from here
+        else:
+            first = max(host[-1] - ids.shape[1] + 1, 0)
+        if ids.shape[0] != self.tokens.shape[0]:  # another batch: the tables start afresh
+            self.extent = (Spans(), Spans())
+        self._truncate(first)
+        self.tokens = _write(self.tokens, positions, ids, None if host is None else host[-1] + 1)
+        self._extend(0, host)
+        self._last_positions, self._last_host = positions, host
+        self._call = {"input_ids": ids, **{key: kwargs.get(key) for key in ("attention_mask", "position_ids")}}
+
+    def _record_predictions(self, lm_head: nn.Module, output: torch.Tensor) -> None:
+        positions = getattr(self, "_last_positions", None)
+        if positions is None or positions.shape[1] != output.shape[1]:
+            return
+        host = self._last_host
+        if self.extent is not None and host is not None:
+            if self.extent[1].covers(host[0], host[-1] + 1):
+                return  # a pre-pass already predicted these rows
+        elif bool((_read(self.predictions, positions) >= 0).all()):
+            return
+        self._write_predictions(lm_head, positions, output, host)
+
+    def _write_predictions(
+        self, lm_head: nn.Module, positions: torch.Tensor, hidden: torch.Tensor, host: list[int] | None = None
+    ) -> None:
+        """Record the predictions of the rows of ``hidden`` (and, when ``confident``, their probabilities, from the
+        same pass over the vocabulary) at ``positions`` (batch, length); ``host``: the first sequence's positions on
+        the host, if known."""
+        size = None if host is None else host[-1] + 1
+        if self.confident:
+            predicted, probabilities = top1_confidence(lm_head, hidden)
+            self.probabilities = _write(self.probabilities, positions, probabilities, size)
+        else:
+            predicted = top1_predictions(lm_head, hidden)
+        self.predictions = _write(self.predictions, positions, predicted, size)
+        self._extend(1, host)
+
     def store(self, model: PreTrainedModel, ids: torch.Tensor, hidden: torch.Tensor) -> None:
         """Record a replay's ids (batch, n) at positions 0..n-1 and the predictions of its final hidden states."""
         positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-        self.tokens = _write(self.tokens, positions, ids)
-        self._write_predictions(model.get_output_embeddings(), positions, hidden)
+        self.tokens = _write(self.tokens, positions, ids, ids.shape[1])
+        self._extend(0, list(range(ids.shape[1])))
+        self._write_predictions(model.get_output_embeddings(), positions, hidden, list(range(ids.shape[1])))
 
     def confirm(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per (batch, position) at ``positions`` (batch, k): 1.0 where the prediction at p equals the token at
@@ -263,16 +349,35 @@ class Transcript:
         """Whether any token at ``positions`` was recorded (none: the model ran on embeddings, or unseen)."""
         return bool((_read(self.tokens, positions) >= 0).any())
 
+    def settled_at(self, position: int, correctness: str | torch.Tensor) -> bool | None:
+        """Whether the weight at ``position`` of every sequence is settled (as ``confirmation`` tells), from the
+        host record; None when the host does not know."""
+        if self.extent is None:
+            return None
+        tokens, predictions = self.extent
+        if not tokens.covers(position, position + 1):
+            return True  # no token recorded there: nothing to confirm
+        if isinstance(correctness, str) and correctness == "confidence":
+            return predictions.covers(position, position + 1)
+        return predictions.covers(position, position + 1) and tokens.covers(position + 1, position + 2)
+
     def weights(
-        self, positions: torch.Tensor, correctness: str = "teacher_forced"
+        self, positions: torch.Tensor, correctness: str = "teacher_forced", held: list[int] | None = None
     ) -> tuple[torch.Tensor, list[int]] | None:
         """The weight of each row at ``positions`` (batch, n_rows) under ``correctness`` (teacher-forced or
         confidence), and which rows' weights are provisional (their indices): a row whose prediction (or, teacher
-        forced, next token) is not known yet counts as correct until known. None when no token there was recorded."""
-        if not self.knows_tokens(positions):
+        forced, next token) is not known yet counts as correct until known. None when no token there was recorded.
+        ``held``: the first sequence's positions on the host: with the host record, nothing waits for the device."""
+        if held is None or self.extent is None:
+            if not self.knows_tokens(positions):
+                return None
+            correct, settled = self.confirmation(correctness)(positions)
+            return torch.where(settled, correct, 1.0), torch.nonzero(~settled.all(0))[:, 0].tolist()
+        if not any(self.extent[0].covers(position, position + 1) for position in held):
             return None
         correct, settled = self.confirmation(correctness)(positions)
-        return torch.where(settled, correct, 1.0), torch.nonzero(~settled.all(0))[:, 0].tolist()
+        unsettled = [row for row, position in enumerate(held) if not self.settled_at(position, correctness)]
+        return torch.where(settled, correct, 1.0), unsettled
 
     @torch.no_grad()
     def predict(
@@ -293,11 +398,12 @@ class Transcript:
         self._write_predictions(model.get_output_embeddings(), positions, hidden)
 
 
-def _write(table: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def _write(table: torch.Tensor, positions: torch.Tensor, values: torch.Tensor, size: int | None = None) -> torch.Tensor:
     """``table`` (batch, n) with ``values`` written at ``positions`` (batch, k), grown with -1 as needed; negative
     positions (padding, under position ids counted from each sequence's first token) are skipped. The table stays on
-    the device of the positions (the ids'; under a device map the predictions come from another device)."""
-    batch, size = positions.shape[0], int(positions.max()) + 1
+    the device of the positions (the ids'; under a device map the predictions come from another device). ``size``:
+    the newest position + 1, when the host knows it."""
+    batch, size = positions.shape[0], int(positions.max()) + 1 if size is None else size
     values = values.to(positions.device, table.dtype)
     if table.shape[0] != batch or table.shape[1] < size or table.device != positions.device:
         grown = torch.full((batch, max(size, table.shape[1])), -1, dtype=table.dtype, device=positions.device)

@@ -274,21 +274,22 @@ def test_an_error_that_is_no_refusal_stops_the_run_loudly_and_the_rerun_resumes(
     assert not sessions[0]["finished"] and sessions[1]["units_run"] == 3, "2 tasks x 2 examples, 1 done before"
 
 
-def test_an_eager_prefill_that_would_not_fit_is_a_failed_cell_before_it_runs(monkeypatch):
+def test_an_eager_prefill_that_would_not_fit_is_refused_before_it_runs(monkeypatch):
     """H2O's eager weights over a long prompt on a machine without the memory: refused with the length and the
-    bytes, before anything is computed."""
+    bytes, before anything is computed (``MemoryRefusal``: the run stops, no row is stored; tests/test_cell_errors.py
+    runs it through a run)."""
     import psutil
     import torch
 
     from evaluation.catalogue.resolved import make_press
     from evaluation.engine.decoding import generate
-    from evaluation.errors import PressCannotRun
+    from evaluation.errors import MemoryRefusal
     from tests.helpers import tiny_model
 
     model = tiny_model("llama", "eager")
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 10_000})())
     with pytest.raises(
-        PressCannotRun, match=r"eager attention over 96 tokens needs 294,912 bytes .* and 10,000 are free"
+        MemoryRefusal, match=r"eager attention over 96 tokens needs 294,912 bytes .* and 10,000 are free"
     ):
         generate(
             model,

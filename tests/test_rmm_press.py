@@ -399,3 +399,47 @@ def test_without_a_4d_mask_rows_honour_padding_and_sliding_windows_as_the_model_
         assert rows.valid is not None and not rows.valid[1, :10].any() and rows.valid[0].all()
         real = rows.valid[:, None, :, None]
         torch.testing.assert_close(recomputed * real, eager.float() * real, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: TOVAPress(0.5), lambda: DecodingPress(RMMPress(), compression_interval=1, target_size=24)],
+    ids=["tova", "decoding-rmm"],
+)
+def test_a_padded_flash_forward_over_a_compressed_cache_is_refused_before_it_runs(make):
+    """Once the press has compressed a left-padded batch, a flash-attention forward whose 2-D mask spans every
+    position so far cannot say which kept keys are padding: refused before any layer runs; the cache is untouched.
+    A mask without padding, or one that lines up with the cache, passes."""
+
+    from presses.flash_guard import check_flash_padding
+
+    model = tiny_model("llama", "sdpa")
+    ids = torch.randint(3, 256, (2, 32), generator=torch.Generator().manual_seed(5))
+    padding = torch.ones_like(ids)
+    padding[1, :4] = 0
+    cache, step = DynamicCache(), torch.tensor([[7], [9]])
+    ran = []
+    hooks = [layer.register_forward_pre_hook(lambda *args: ran.append(1)) for layer in model.model.layers]
+    try:
+        model.config._attn_implementation = "flash_attention_2"  # as the press meets the model
+        with torch.no_grad(), make()(model):
+            model.config._attn_implementation = "sdpa"  # the forwards that compress run here on the CPU
+            model(input_ids=ids, attention_mask=padding, past_key_values=cache)
+            if cache.get_seq_length() == ids.shape[1]:  # a decoding press compresses on the next step
+                padding = torch.cat([padding, torch.ones(2, 1, dtype=padding.dtype)], dim=1)
+                model(input_ids=step, attention_mask=padding, past_key_values=cache)
+            assert cache.get_seq_length() < padding.shape[1], "the press compressed the cache"
+            length, ran[:] = cache.get_seq_length(), []
+            model.config._attn_implementation = "flash_attention_2"
+            padding = torch.cat([padding, torch.ones(2, 1, dtype=padding.dtype)], dim=1)
+            with pytest.raises(ValueError, match="refused before the forward"):
+                model(input_ids=step, attention_mask=padding, past_key_values=cache)
+            assert not ran and cache.get_seq_length() == length
+            check_flash_padding(model, (), {"input_ids": step, "attention_mask": torch.ones_like(padding)})
+            aligned = torch.ones(2, length + 1, dtype=padding.dtype)
+            aligned[1, 0] = 0
+            check_flash_padding(model, (), {"input_ids": step, "attention_mask": aligned, "past_key_values": cache})
+    finally:
+        model.config._attn_implementation = "sdpa"
+        for hook in hooks:
+            hook.remove()

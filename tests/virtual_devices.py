@@ -5,7 +5,8 @@ operation is checked as CUDA checks it: the tensors an operation reads must shar
 tensor (a scalar) may meet any device, indices of advanced indexing may stay on the CPU, and copies move
 between devices. A mix raises CUDA's error. Factories create on the device they are asked for. Host syncs,
 the points where CUDA would wait for the device (``item()``, ``tolist()``, a copy to the CPU, an operation whose
-output size depends on the data), are counted.
+output size depends on the data), are counted, and so are copies from pageable (not pinned) CPU memory to a
+device (``torch.tensor(..., device=)`` included): CUDA makes the host wait for the device's stream before them.
 
 ``place(model, devices)`` puts a model on one virtual device, or spreads its layers over two as accelerate's
 ``device_map="auto"`` does: the embeddings and the first half of the layers on the first, the rest, the final norm
@@ -63,6 +64,11 @@ def virtual(device: torch.device | str | None) -> bool:
     return device is not None and torch.device(device).type == "meta"
 
 
+def pageable(tensor: torch.Tensor) -> bool:
+    """A CPU tensor outside pinned memory: CUDA copies it to a device only once the device's stream is idle."""
+    return tensor.device.type == "cpu" and not (torch.cuda.is_available() and tensor.is_pinned())
+
+
 def run(func, args: tuple, kwargs: dict, syncs: Counter):
     """One operation on the CPU data of its operands, checked as CUDA checks it; host syncs go to ``syncs``."""
     tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
@@ -85,6 +91,8 @@ def run(func, args: tuple, kwargs: dict, syncs: Counter):
         syncs[str(func)] += 1
     if func in COPIES and target.type == "cpu" and any(virtual(t.device) for t in tensors):
         syncs["copy to the CPU"] += 1
+    if func in COPIES and virtual(target) and any(pageable(t) for t in tensors):
+        syncs["copy from pageable CPU memory"] += 1
 
     def unwrap(value):
         if isinstance(value, OnDevice):

@@ -15,7 +15,7 @@ from transformers import DynamicCache, PreTrainedModel
 from evaluation.catalogue.registry import compresses_while_decoding, prefills_under, question_position
 from evaluation.engine.hooks import MASKED, Compressed, kept_tokens, mask_of
 from evaluation.engine.ragged import RAGGED_SDPA, RaggedCache
-from evaluation.errors import PressCannotRun, press_refusals
+from evaluation.errors import MemoryRefusal
 from presses.attention import attention_implementation
 from presses.teacher_forcing import language_model
 
@@ -111,8 +111,9 @@ def generate(
 
     Positions continue after the full context length, whatever the press kept (after the kept keys for a press that
     re-rotates them, as KVPress's pipeline does). What a press leaves on the attention
-    modules for decoding (AdaKV's masked keys) is cleared afterwards. A press that refuses the prompt raises
-    ``PressCannotRun``.
+    modules for decoding (AdaKV's masked keys) is cleared afterwards. Errors pass through as they are raised: the
+    caller decides whose they are (``evaluation.errors.press_cell``). An eager prefill this device has not the
+    memory for is refused before it runs (``check_eager_fits``).
 
     With ``answer_ids``, the answer is also teacher-forced after the question on a copy of the prefill's cache,
     taken before decoding (so the generation is the same as without it), by the same path (``force``): its mean
@@ -123,7 +124,7 @@ def generate(
     prefilling = press if press is not None and prefills_under(press) else None
     decoding = press if press is not None and compresses_while_decoding(press) else None
     try:
-        with prefilling(model) if prefilling is not None else nullcontext(), press_refusals(press):
+        with prefilling(model) if prefilling is not None else nullcontext():
             outputs = model(input_ids=context_ids.to(model.device), past_key_values=cache, logits_to_keep=1)
         layers = language_model(model).layers
         masks = [
@@ -135,13 +136,13 @@ def generate(
         forced = copy.deepcopy(cache) if answer_ids and max_new_tokens else cache  # no generation, no copy
         tokens: list[int] = []
         if max_new_tokens:
-            with decoding(model) if decoding is not None else nullcontext(), press_refusals(press):
+            with decoding(model) if decoding is not None else nullcontext():
                 tokens = decode(model, cache, question_ids, position, max_new_tokens, stop_ids, outputs.logits)
         nll = None
         if answer_ids:
             del cache  # the generation's: only the copy is needed now
             # a decoding press starts afresh (it resets on leaving its context), as it started for the generation
-            with decoding(model) if decoding is not None else nullcontext(), press_refusals(press):
+            with decoding(model) if decoding is not None else nullcontext():
                 nll = force(model, forced, question_ids, position, answer_ids, outputs.logits, decoding is not None)
     finally:
         for layer in language_model(model).layers:
@@ -234,25 +235,39 @@ def forced_nlls(
     return nlls
 
 
+def eager_bytes_per_weight(dtype: torch.dtype) -> int:
+    """The bytes each attention weight takes at eager attention's peak: the weights in the model's dtype, their
+    float32 copy, and its softmax (a float32 model's weights are their own copy)."""
+    size = torch.finfo(dtype).bits // 8
+    return size + 4 + (4 if size != 4 else 0)
+
+
 def check_eager_fits(model: PreTrainedModel, length: int) -> None:
-    """Eager attention holds a layer's (heads x length x length) weights, in the model's dtype and again in float32
-    for the softmax: a prefill they would not fit in is refused before it runs (``PressCannotRun``)."""
+    """Eager attention holds a layer's (heads x length x length) weights, ``eager_bytes_per_weight`` bytes each at
+    its peak: a prefill that would not fit in what this device has free (the caching allocator's freed blocks
+    included) is refused before it runs (``MemoryRefusal``: the run stops, nothing is stored for the cell)."""
     if model.config._attn_implementation != "eager":
         return
     heads = model.config.num_attention_heads
-    needed = heads * length * length * (torch.finfo(model.dtype).bits // 8 + 4)
-    device = next(model.parameters()).device
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        import psutil
-
-        free = psutil.virtual_memory().available
+    needed = heads * length * length * eager_bytes_per_weight(model.dtype)
+    free = free_memory(next(model.parameters()).device)
     if needed > free:
-        raise PressCannotRun(
+        raise MemoryRefusal(
             f"eager attention over {length} tokens needs {needed:,} bytes ({needed / 2**30:.1f} GiB) for one layer's "
-            f"weights and {free:,} are free: a press that reads them cannot run on this example here"
+            f"weights and {free:,} are free: run this press on a device with more memory (or shorter inputs); "
+            "nothing is stored for the cell, so the same command runs it there"
         )
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes a new tensor on ``device`` may take: the device's free memory and what the caching allocator holds
+    but has freed (CUDA); the machine's available memory (CPU)."""
+    if device.type == "cuda":
+        held_unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + held_unused
+    import psutil
+
+    return psutil.virtual_memory().available
 
 
 def eos_ids(model: PreTrainedModel) -> set[int]:

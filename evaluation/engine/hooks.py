@@ -23,7 +23,6 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from evaluation.errors import press_refusals
 from presses.column_sums import ColumnSumReader, ColumnSums
 from presses.wrapped import every_press
 
@@ -107,7 +106,7 @@ def run_hook(
     (batch, length, hidden) whose full keys and values these are, as under sdpa (``attentions`` None) or with
     H2O's sums standing in for the eager weights; ``sums``: the column sums handed to presses that read them."""
     kwargs = hook_kwargs(module, keys, values, hidden_states, rotary)
-    with on_module(module), sums_handed(press, module.layer_idx, sums), press_refusals(press):
+    with on_module(module), sums_handed(press, module.layer_idx, sums):
         press.forward_hook(module, [], kwargs, (None, attentions))
         layer = kwargs["past_key_values"].layers[module.layer_idx]
         return layer.keys, layer.values, mask_of(getattr(module, MASKED, None), layer.keys)
@@ -126,7 +125,7 @@ def run_score(
     """The scorer's own ``score`` of every cached position of ``module``'s layer, (batch, num_kv_heads, length),
     from the same inputs ``run_hook`` hands its forward hook."""
     kwargs = hook_kwargs(module, keys, values, hidden_states, rotary)
-    with on_module(module), sums_handed(press, module.layer_idx, sums), press_refusals(press):
+    with on_module(module), sums_handed(press, module.layer_idx, sums):
         return press.score(module, hidden_states, keys, values, attentions, kwargs)
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from evaluation.errors import EvaluationError, first_line, refused_write
+from evaluation.errors import EvaluationError, MemoryRefusal, first_line, refused_write
 from evaluation.runs.progress import Bar, active, duration
 from evaluation.runs.store import MemoryStore, ResultStore
 
@@ -166,7 +166,7 @@ def check_complete(unit: Unit, store: ResultStore, incomplete: Incomplete = comp
 def is_out_of_memory(error: BaseException) -> bool:
     import torch
 
-    return isinstance(error, (torch.OutOfMemoryError, MemoryError))
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError, MemoryRefusal))
 
 
 class RayWorker:

@@ -10,6 +10,7 @@ Each row records the path that produced it.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -21,7 +22,7 @@ from evaluation.engine.decoding import answer_ids_of, decode_batch_forced, eos_i
 from evaluation.engine.history import History
 from evaluation.engine.overlap import UNKNOWN, Overlap, overlaps
 from evaluation.engine.retention import held_positions
-from evaluation.errors import EvaluationError, PressCannotRun
+from evaluation.errors import EvaluationError, PressCannotRun, press_cell
 from evaluation.metrics.longbench import sample_score
 from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import (
@@ -35,6 +36,7 @@ from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
 from evaluation.runs.progress import active
 from evaluation.runs.store import ResultStore
+from presses.attention import attention_implementation
 
 CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
 
@@ -130,8 +132,8 @@ def gold_answer_ids(tokenizer: PreTrainedTokenizerBase, example: Example, task_c
 def failed_row(
     example: Example, press_name: str, budget: Budget | None, length: int, path: str, error: Exception
 ) -> LongBenchRow:
-    """A cell the press could not run on this example (too short for its window, a lag over the budget...):
-    stored with its reason, counted in the scorecard, never retried on resume."""
+    """A cell the press could not run on this example (too short for its window, a lag over the budget, an error
+    of its own: ``press_cell``): stored with its reason, counted in the scorecard, never retried on resume."""
     return {
         **cell_identity(example, press_name, budget, length),
         "path": path,
@@ -157,18 +159,21 @@ def run_cell(
     budget: Budget | None,
 ) -> dict:
     """The per-cell reference path: KVPress's prefill under the press (eager where it needs the weights), then
-    greedy decoding."""
+    greedy decoding; the model's attention implementation is restored afterwards. A press's error is the cell's
+    failure (``press_cell``); the full-cache cell's stops the run."""
     length = prompt.context_ids.shape[1]
     resolved = resolve_press(press_name)
-    press = resolved.build(ratio_for(budget, length), length)
     implementation = "eager" if resolved.reads_weights else config.model.attn_implementation
-    model.set_attn_implementation(implementation)
     stop = stop_ids(model, tokenizer, example.task)
     answer = gold_answer_ids(tokenizer, example, task_config)
     cap = config.generation_cap(task_config.max_new_tokens)
+    rule = nullcontext if budget is None else press_cell
     try:
         check_answer(config, example, answer)
-        generation = generate(model, prompt.context_ids, prompt.question_ids, press, cap, stop, answer)
+        with rule(press_name):
+            press = resolved.build(ratio_for(budget, length), length)
+        with rule(press), attention_implementation(model, implementation):
+            generation = generate(model, prompt.context_ids, prompt.question_ids, press, cap, stop, answer)
     except PressCannotRun as error:
         return failed_row(example, press_name, budget, length, "per-cell", error)
     tokens, kept = generation.token_ids, generation.kept_tokens
@@ -196,14 +201,16 @@ def run_shared(
         check_answer(config, example, answer)
     except PressCannotRun as error:
         return [failed_row(example, press_name, budget, length, "shared", error) for press_name, budget in cells]
-    presses = [resolve_press(name).build(ratio_for(budget, length), length) for name, budget in cells]
-    history = History(model, frozenset({"context"}), presses)
+    history = History(model, frozenset({"context"}), [resolve_press(name).needs for name, _ in cells])
     history.extend(prompt.context_ids[0].tolist(), "context")
     rows, derived, starts, held = [], [], [], []
     for press_name, budget in cells:
-        press = presses.pop(0)  # once its cache is built, nothing it holds is needed while decoding
+        rule = nullcontext if budget is None else press_cell
         try:
-            derived.append((press_name, budget, history.compress(press)))
+            with rule(press_name):
+                press = resolve_press(press_name).build(ratio_for(budget, length), length)
+            with rule(press):
+                derived.append((press_name, budget, history.compress(press)))
             starts.append(question_position(press, length, derived[-1][2].cache.get_seq_length()))
             held.append(held_positions(history.cache, derived[-1][2]))
         except PressCannotRun as error:

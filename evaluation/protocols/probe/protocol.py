@@ -65,8 +65,8 @@ class ProbeRow(Row):
     prompt_tokens: int
     answer_tokens: int
     mean_confidence: float | None
-    gold_ranks: list[int]
-    prediction: str
+    gold_ranks: NotRequired[list[int]]  # absent for a scorer that failed (``error``)
+    prediction: NotRequired[str]
     answer_nll: NotRequired[float | None]  # the gold answer's mean negative log-likelihood per token (nats)
     gold_answer_tokens: NotRequired[int]  # its tokens, cut to --max-new-tokens
 

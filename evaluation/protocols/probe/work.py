@@ -11,7 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.engine.decoding import answer_ids_of, decode, eos_ids, force
 from evaluation.engine.history import History
 from evaluation.engine.hooks import cache_of
-from evaluation.errors import EvaluationError
+from evaluation.errors import EvaluationError, PressCannotRun, first_line, press_cell
 from evaluation.protocols.probe.facts import FACTS, Probe, gold_answer, probes
 from evaluation.protocols.probe.prompt import final_answer, prompt_ids
 from evaluation.protocols.probe.protocol import (
@@ -97,8 +97,13 @@ def probe_rows(
     correct = answered and (bridge or not config.reasoning)
     forced = answer_weights(len(ids), history.length, [1.0] * len(generated))  # greedy: each top-1 is the token
     confident = answer_weights(len(ids), history.length, probabilities)
-    ranked = {name: fact_scores(history.scores(press), spans) for name, press in scorers(forced, confident).items()}
-    ranked[RECENCY] = recency_scores(spans)
+    ranked, failures = {RECENCY: recency_scores(spans)}, {}
+    for name, press in scorers(forced, confident).items():
+        try:
+            with press_cell(press):
+                ranked[name] = fact_scores(history.scores(press), spans)
+        except PressCannotRun as error:
+            failures[name] = first_line(error)
     common = {
         "probe": probe.index,
         "correct": correct,
@@ -112,6 +117,10 @@ def probe_rows(
     }
     rows = []
     for name in SCORERS:
+        if name in failures:  # the scorer's failure, with its reason, at every k
+            failed = {"press": name, "score": None, "error": failures[name]}
+            rows += [{**common, **failed, "budget": top_label(k), "budget_label": top_label(k)} for k in KS]
+            continue
         ranks = gold_ranks(ranked[name], probe.gold)
         order = " ".join(str(f) for f in sorted(range(FACTS), key=lambda f: -ranked[name][f]))  # what it ranks
         for k in KS:

@@ -8,6 +8,8 @@ itself before each question. Every row records its ``path``, and run.json how ea
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -23,7 +25,7 @@ from evaluation.engine.decoding import answer_ids_of, decode_batch_forced, eos_i
 from evaluation.engine.history import History
 from evaluation.engine.overlap import UNKNOWN, overlaps
 from evaluation.engine.retention import answer_spans, held_positions, retention
-from evaluation.errors import EvaluationError, PressCannotRun
+from evaluation.errors import EvaluationError, PressCannotRun, press_cell
 from evaluation.protocols.protocol import LIKELIHOOD, REFERENCE, lacks
 from evaluation.protocols.streaming.config import TEACHER_FORCED_KINDS, StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question
@@ -42,6 +44,7 @@ from evaluation.protocols.streaming.task import StreamTask
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
+from presses.attention import attention_implementation
 
 
 def cell_key(conversation: Conversation, question: Question, cell: Cell) -> tuple[str, int, str, str]:
@@ -223,20 +226,27 @@ class ConversationRun:
     ) -> list[QuestionRow]:
         """The rows of ``cells`` for one question. A press the history serves gets its cache from the history (its
         own hook on the stored inputs), all of them decoded in one batch; any other press re-prefills the history
-        under itself (``generate``). ``likelihood_only`` (or ``--likelihood-only``): nothing generated."""
+        under itself (``generate``), the model's attention implementation restored afterwards. A press's error is
+        its cell's failure (``press_cell``), stored with the others' rows once the batch (the full-cache cell's
+        among them) has run. ``likelihood_only`` (or ``--likelihood-only``): nothing generated."""
         likelihood_only = likelihood_only or self.config.likelihood_only
         ratios = [ratio_for(budget, history.length) for _, budget in cells]
         resolved = [resolve_press(name) for name, _ in cells]
-        presses = [press.build(ratio, history.length) for press, ratio in zip(resolved, ratios, strict=True)]
+        rules = [nullcontext if budget is None else press_cell for _, budget in cells]
+        presses: list = [None] * len(cells)
         caches, refused, starts = {}, {}, {}
-        for i, press in enumerate(presses):
-            if history.can_serve(press):
-                try:
-                    caches[i] = history.compress(press)
-                    starts[i] = question_position(press, history.length, caches[i].cache.get_seq_length())
-                except PressCannotRun as error:
-                    refused[i] = error
-                presses[i] = None  # its cache is built: nothing it holds is needed while decoding
+        for i, (press, ratio) in enumerate(zip(resolved, ratios, strict=True)):
+            try:
+                with rules[i](cells[i][0]):
+                    built = press.build(ratio, history.length)
+                if history.can_serve(built):
+                    with rules[i](built):
+                        caches[i] = history.compress(built)
+                    starts[i] = question_position(built, history.length, caches[i].cache.get_seq_length())
+                else:
+                    presses[i] = built  # it runs its own forward passes below
+            except PressCannotRun as error:
+                refused[i] = error
         kept_sets = [held_positions(history.cache, cache) for cache in caches.values()]
         named = [(cells[i][0], budget_key(cells[i][1])) for i in caches]
         agreement = dict(zip(caches, overlaps(named, kept_sets, REFERENCE), strict=True))
@@ -270,16 +280,13 @@ class ConversationRun:
         paths = {i: SHARED if i in caches else press.needs.path for i, press in enumerate(resolved)}
         context = torch.tensor([history.token_ids], device=self.model.device)
         for i in (i for i in range(len(cells)) if i not in caches and i not in refused):
-            implementation = self.model.config._attn_implementation
-            if resolved[i].reads_weights:
-                self.model.set_attn_implementation("eager")
+            implementation = "eager" if resolved[i].reads_weights else self.model.config._attn_implementation
             try:
-                generation = generate(self.model, context, asked, presses[i], cap, self.stop, answer)
+                with rules[i](presses[i]), attention_implementation(self.model, implementation):
+                    generation = generate(self.model, context, asked, presses[i], cap, self.stop, answer)
                 tokens[i], kept[i], nlls[i] = generation.token_ids, generation.kept_tokens, generation.answer_nll
             except PressCannotRun as error:
                 refused[i] = error
-            finally:
-                self.model.set_attn_implementation(implementation)
         rows = [
             self.failed_row(question, cell, turn, visible, history.length, refused[i])
             if i in refused
