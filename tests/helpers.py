@@ -9,18 +9,17 @@ from pathlib import Path
 import torch
 from kvpress import KnormPress
 from kvpress.presses.base_press import BasePress
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     DynamicCache,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
-    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
 
 from evaluation.runs.data_location import shared_data
+from evaluation.runs.models import BYTE_CHAT_TEMPLATE, byte_tokenizer
 
 SHARED_DATA = shared_data()
 TINY = {
@@ -139,29 +138,7 @@ def same_sets(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return all(torch.equal(x.sort(-1).values, y.sort(-1).values) for x, y in zip(a, b, strict=True))
 
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<s>{{ message['role'] }}: {{ message['content'] }}</s>{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
-)
-
-
-def byte_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer built in code: 3 special tokens, then the 256 byte symbols (ids 3..258)."""
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {token: i for i, token in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens(specials)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="</s>",
-        chat_template=chat_template,
-        model_max_length=4096,
-    )
+CHAT_TEMPLATE = BYTE_CHAT_TEMPLATE
 
 
 def saved_chat_model(folder: Path, arch: str, context: int = 1024) -> Path:

@@ -76,6 +76,9 @@ def test_bfloat16_and_eager_runs_on_the_tiny_model(model_dir, data_dir, tmp_path
         assert longbench(model_dir, data_dir, output, "--n", "1", *extra) == 0
         record = json.loads((output / "run.json").read_text())["config"]
         assert record[extra[0][2:].replace("-", "_")] == extra[1]
+    rows = [json.loads(line) for line in (tmp_path / "bfloat16" / "predictions.jsonl").open()]
+    paths = json.loads((tmp_path / "bfloat16" / "run.json").read_text())["config"]["paths"]
+    assert set(paths) == {row["press"] for row in rows} - {"full"} and {row["path"] for row in rows} == {"shared"}
     assert {json.loads(line)["attn_implementation"] for line in (tmp_path / "eager" / "predictions.jsonl").open()} == {
         "eager"
     }

@@ -33,6 +33,10 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CONTEXT = 8192
 CONVERSION_SECONDS = 20  # the GGUF's conversion, measured once on 2 CPU cores
 SMOLLM2_SPECIAL = {"bos": "<|im_start|>", "eos": "<|im_end|>", "unk": "<|endoftext|>"}
+BYTE_CHAT_TEMPLATE = (  # a chat template for ``byte_tokenizer``
+    "{% for message in messages %}<s>{{ message['role'] }}: {{ message['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+)
 
 
 def cache_root() -> Path:
@@ -94,6 +98,29 @@ def fixed_smollm2_tokenizer(converted: PreTrainedTokenizerFast, chat_template: s
         model_max_length=SMOLLM2_CONTEXT,
         chat_template=chat_template,
         clean_up_tokenization_spaces=False,
+    )
+
+
+def byte_tokenizer(chat_template: str | None = None, model_max_length: int = 4096) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer built in code, needing no file: 3 special tokens (``<unk>``, ``<s>``, ``</s>``), then
+    the 256 byte symbols (ids 3..258), one token per byte."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {token: i for i, token in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="</s>",
+        chat_template=chat_template,
+        model_max_length=model_max_length,
     )
 
 
