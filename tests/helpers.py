@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -168,3 +169,11 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     if a == b:
         return None
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+PROGRESS_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")  # a run's progress on stderr, timestamped
+
+
+def without_progress(err: str) -> str:
+    """What stderr says besides a run's progress lines."""
+    return "\n".join(line for line in err.strip().splitlines() if not PROGRESS_LINE.match(line))

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli.main import main
+from tests.helpers import without_progress
 from tests.test_locomo_protocol import CONVERSATION
 from tests.test_longbench_protocol import data_dir, longbench, model_dir, read_rows  # noqa: F401
 
 
 def one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip()
+    err = without_progress(capsys.readouterr().err)
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
     return err
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli.main import main
+from tests.helpers import without_progress
 from tests.test_bad_input import finished_run, one_line_error, scorecard_of  # noqa: F401
 from tests.test_longbench_protocol import data_dir, longbench, model_dir, read_rows  # noqa: F401
 
@@ -303,7 +304,7 @@ def test_ctrl_c_stops_in_one_line_and_the_run_resumes_to_an_uninterrupted_runs_r
 
     monkeypatch.setattr(ResultStore, "append", interrupted)
     assert longbench(model_dir, data_dir, run, *grid) == 130
-    err = capsys.readouterr().err.strip()
+    err = without_progress(capsys.readouterr().err)
     assert err.startswith("interrupted: ") and "\n" not in err and "run the same command to resume" in err, err
     assert len(read_rows(run)) == 6 and not json.loads((run / "run.json").read_text())["sessions"][0]["finished"]
     monkeypatch.undo()

@@ -23,7 +23,7 @@ from evaluation.errors import EvaluationError
 from evaluation.protocols.locomo.data import load_conversations
 from evaluation.protocols.longbench.data import Example, TaskConfig, load_configs, load_task
 from evaluation.protocols.streaming.episodes import Conversation
-from tests.helpers import saved_chat_model
+from tests.helpers import saved_chat_model, without_progress
 from tests.test_bad_input import one_line_error
 from tests.test_locomo_protocol import CONVERSATION
 from tests.test_longbench_protocol import MAX_NEW_TOKENS, PROMPTS, write_task
@@ -416,7 +416,7 @@ def outcome(capsys, argv: list[str]) -> str:
     except (Exception, SystemExit) as error:  # anything out of main is a traceback on the command line
         capsys.readouterr()
         return f"{type(error).__name__}: {error}"
-    err = capsys.readouterr().err.strip()
+    err = without_progress(capsys.readouterr().err)
     lines = err.splitlines()
     if "Traceback" in err or code not in (0, 2):
         return f"exit {code}: {err[-300:]}"

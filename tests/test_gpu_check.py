@@ -60,9 +60,13 @@ def test_a_phase_fails_on_what_its_rows_say():
         "snapkv @ 0.5: 17 answer tokens, over the cap of 16",
         "snapkv @ 0.5: answer likelihood nan",
     ]
-    refused = {"press": "h2o", "budget": "0.5", "error": "eager attention over 32768 tokens needs ..."}
+    refused = {"press": "h2o", "refused": "eager attention over 32768 tokens needs ..."}
     assert gpu_check.row_errors([refused], refusal_expected=True) == []
-    assert gpu_check.row_errors([refused]) == [f"h2o @ 0.5: {refused['error']}"]
+    failed = {"press": "h2o", "budget": "0.5", "error": "eager attention over 32768 tokens needs ..."}
+    assert gpu_check.row_errors([failed], refusal_expected=True) == [
+        f"h2o @ 0.5: {failed['error']}",
+        "eager H2O was not refused before it ran",
+    ], "a refusal stored as a failed cell is not the refusal due"
     assert gpu_check.row_errors([good], refusal_expected=True) == ["eager H2O was not refused before it ran"]
 
 

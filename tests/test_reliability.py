@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import fcntl
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from evaluation.cli.main import main
 from evaluation.runs.models import ModelSettings
-from tests.helpers import SHARED_DATA
+from tests.helpers import SHARED_DATA, without_progress
 from tests.test_locomo_protocol import CONVERSATION
 from tests.test_longbench_protocol import data_dir, longbench, model_dir  # noqa: F401
 
@@ -23,8 +22,7 @@ def rows_of(output: Path) -> list[dict]:
 
 def error_of(capsys) -> str:
     """What stderr says besides the run's progress lines (each timestamped)."""
-    lines = capsys.readouterr().err.strip().splitlines()
-    return "\n".join(line for line in lines if not re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line))
+    return without_progress(capsys.readouterr().err)
 
 
 def test_a_second_run_into_the_same_folder_is_refused_while_the_first_writes(model_dir, data_dir, tmp_path, capsys):  # noqa: F811

@@ -10,6 +10,7 @@ Each row records the path that produced it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import replace
 
@@ -274,14 +275,15 @@ def run_cells(
     example: Example,
     prompt: Prompt,
     todo: list[tuple[str, Budget | None]],
-) -> list[dict]:
-    """The rows of ``todo``'s cells of one example, on the shared path where the press allows it."""
+) -> Iterator[dict]:
+    """The rows of ``todo``'s cells of one example, on the shared path where the press allows it, each as soon as
+    it is finished (a run that stops later keeps it)."""
     engine = config.path == "shared" and History.serves(model)
     shared = [cell for cell in todo if engine and shares_prefill(cell[0])]
-    rows = run_shared(model, tokenizer, config, task_config, example, prompt, shared) if shared else []
+    if shared:
+        yield from run_shared(model, tokenizer, config, task_config, example, prompt, shared)
     for press_name, budget in (cell for cell in todo if cell not in shared):
-        rows.append(run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget))
-    return rows
+        yield run_cell(model, tokenizer, config, task_config, example, prompt, press_name, budget)
 
 
 def completed(
