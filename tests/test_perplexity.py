@@ -107,6 +107,23 @@ def test_tovas_streamed_kept_set_is_the_multi_state_rnn(arch):
     assert all(int(k[:, -1].min()) == 29 for k in hand_kept[-1]), "the newest stays on its step"
 
 
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_streaming_llm_streamed_keeps_its_sinks_and_the_newest_tokens_at_every_step(chunk):
+    """StreamingLLM's rule by hand: after every forward the cache holds the 4 sinks and the newest tokens, in
+    position order: the first layer's keys (which depend on a token and its position alone) are a plain full-cache
+    stream's at those positions, and every layer holds the budget."""
+    model, ids, budget = tiny_model("llama", "sdpa"), token_ids(length=30), 10
+    counted = Counted(model)
+    streamed_nll(model, ids, None, chunk)
+    full = counted.keys[-1]
+    counted.keys.clear()
+    streamed(model, ids, "streaming_llm", budget, chunk)
+    for (_, end), step in zip(pieces(30, chunk), counted.keys, strict=True):
+        held = list(range(end)) if end <= budget else [0, 1, 2, 3, *range(end - budget + 4, end)]
+        torch.testing.assert_close(step[0], full[0][:, :, held], atol=1e-5, rtol=0, msg=f"{end} tokens")
+        assert all(layer.shape[2] == len(held) for layer in step)
+
+
 @pytest.mark.parametrize(("spec", "chunk"), [("tova", 1), ("rmm(lag=4)", 1), ("h2o", 5), ("snapkv(window_size=4)", 6)])
 def test_one_forward_per_streamed_token_or_chunk(spec, chunk):
     model, ids = tiny_model("llama", "sdpa"), token_ids(batch=3)

@@ -14,6 +14,7 @@ anything else is refused by name.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import kvpress as k
 import torch
@@ -26,6 +27,7 @@ from evaluation.catalogue.registry import SHARED
 from evaluation.catalogue.resolved import ResolvedPress
 from evaluation.errors import EvaluationError
 from presses import RMMPress
+from presses.ordered_scorer_press import OrderedScorerPress
 
 H2O_RULE = "rmm(correctness='uniform')"  # H2O's accumulated attention, streamed (docs/perplexity.md)
 
@@ -61,7 +63,25 @@ def base_press(resolved: ResolvedPress, chunk: int) -> tuple[BasePress, str]:
             f"{where} scores from its {read.rows} newest queries and KVPress asks for more rows than that: stream it "
             f"in chunks of more (--chunk {read.rows + 1})"
         )
-    return press, ""
+    return (press if isinstance(press, OrderedScorerPress) else InPositionOrder(press=press)), ""
+
+
+@dataclass
+class InPositionOrder(OrderedScorerPress):
+    """KVPress's scorer ``press`` with its kept entries left in position order (``OrderedScorerPress``): KVPress's
+    ``ScorerPress`` stores them in score order, which a stream that evicts at every step turns into an order no
+    position rule can read (StreamingLLM's sinks and window are slots 0-3 and the newest slots; SnapKV pools over
+    neighbouring slots). Ties evict the lower position."""
+
+    press: ScorerPress | None = None
+
+    def post_init_from_model(self, model: PreTrainedModel) -> None:
+        super().post_init_from_model(model)
+        self.press.post_init_from_model(model)
+
+    def score(self, *args, **kwargs) -> torch.Tensor:
+        self.press.compression_ratio = self.compression_ratio  # what DecodingPress set for this step
+        return self.press.score(*args, **kwargs)
 
 
 def decoding_press(press: BasePress, budget: int) -> k.DecodingPress:
