@@ -105,6 +105,7 @@ bench: setup
 	$(PY) benchmarks/protocols.py
 	$(PY) benchmarks/engine_memory.py
 	$(PY) benchmarks/memory.py
+	$(PY) benchmarks/likelihood.py --n 2 --max-length 2048
 
 # The GPU check's data (docs/benchmarks.md): the first 2 multi_news examples over 40,000 bytes (each prompt is cut to
 # 8k, 16k or 32k byte tokens) with the official configs, and LoCoMo's conv-30, copied into gpu_data/ (git-ignored,
