@@ -70,11 +70,12 @@ def ray_workers(args: argparse.Namespace) -> dict:
     }
 
 
-def shared_against_per_cell(args: argparse.Namespace) -> dict:
-
+def multi_news_grid(presses: list[str], n: int, data: Path, max_length: int | None = None) -> tuple:
+    """SmolLM2 loaded, a LongBench config of ``presses`` at keep 50% and 25% on multi_news, its task config, its
+    cells, and each of the first ``n`` examples with its prompt (official truncation unless ``max_length``)."""
     from evaluation.catalogue.budgets import parse_budgets, press_cells
     from evaluation.catalogue.resolved import resolve_presses
-    from evaluation.protocols.longbench.cells import prompt_budget, run_cell, run_shared
+    from evaluation.protocols.longbench.cells import prompt_budget
     from evaluation.protocols.longbench.config import LongBenchConfig
     from evaluation.protocols.longbench.data import load_configs, load_task
     from evaluation.protocols.longbench.prompts import build_prompt
@@ -88,18 +89,29 @@ def shared_against_per_cell(args: argparse.Namespace) -> dict:
     config = LongBenchConfig(
         model=settings,
         tasks=["multi_news"],
-        presses=args.presses,
+        presses=presses,
         budgets=parse_budgets(DEFAULT_RATIOS, None),
-        n=args.n,
+        n=n,
+        max_length=max_length,
         query_aware=False,
-        data_dir=str(args.data),
+        data_dir=str(data),
         output=Path(tempfile.mkdtemp()),
     )
-    task = load_configs(args.data, config.tasks)["multi_news"]
+    task = load_configs(data, config.tasks)["multi_news"]
     cells = press_cells(resolve_presses(config.presses), config.budgets, "")
+    budget = prompt_budget(config, model, tokenizer, task)
+    examples = [
+        (example, build_prompt(example, task, tokenizer, budget, False)) for example in load_task(data, "multi_news", n)
+    ]
+    return model, tokenizer, config, task, cells, examples
+
+
+def shared_against_per_cell(args: argparse.Namespace) -> dict:
+    from evaluation.protocols.longbench.cells import run_cell, run_shared
+
+    model, tokenizer, config, task, cells, examples = multi_news_grid(args.presses, args.n, args.data)
     report: dict = {"presses": args.presses, "cells": len(cells), "examples": []}
-    for index, example in enumerate(load_task(args.data, "multi_news", args.n)):
-        prompt = build_prompt(example, task, tokenizer, prompt_budget(config, model, tokenizer, task), False)
+    for index, (example, prompt) in enumerate(examples):
         seconds, predictions = {}, {}
         for path in ("shared", "per-cell") if index % 2 == 0 else ("per-cell", "shared"):
             start = time.perf_counter()

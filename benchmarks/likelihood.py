@@ -18,10 +18,11 @@ import argparse
 import json
 import statistics
 import subprocess
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from grid import multi_news_grid
 
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.runs.data_location import shared_data
@@ -49,35 +50,11 @@ def commit() -> str:
 
 
 def with_and_without(args: argparse.Namespace) -> dict:
-    from evaluation.catalogue.budgets import parse_budgets, press_cells
-    from evaluation.catalogue.resolved import resolve_presses
-    from evaluation.protocols.longbench.cells import prompt_budget, run_shared
-    from evaluation.protocols.longbench.config import LongBenchConfig
-    from evaluation.protocols.longbench.data import load_configs, load_task
-    from evaluation.protocols.longbench.prompts import build_prompt
-    from evaluation.protocols.longbench.protocol import DEFAULT_RATIOS
-    from evaluation.runs.models import ModelSettings
-    from evaluation.runs.terminal import quiet_libraries
+    from evaluation.protocols.longbench.cells import run_shared
 
-    settings = ModelSettings()
-    quiet_libraries()
-    model, tokenizer = settings.load()
-    config = LongBenchConfig(
-        model=settings,
-        tasks=["multi_news"],
-        presses=args.presses,
-        budgets=parse_budgets(DEFAULT_RATIOS, None),
-        n=args.n,
-        max_length=args.max_length,
-        query_aware=False,
-        data_dir=str(args.data),
-        output=Path(tempfile.mkdtemp()),
-    )
-    task = load_configs(args.data, config.tasks)["multi_news"]
-    cells = press_cells(resolve_presses(config.presses), config.budgets, "")
+    model, tokenizer, config, task, cells, examples = multi_news_grid(args.presses, args.n, args.data, args.max_length)
     report: dict = {"presses": args.presses, "cells": len(cells), "examples": []}
-    for index, example in enumerate(load_task(args.data, "multi_news", args.n)):
-        prompt = build_prompt(example, task, tokenizer, prompt_budget(config, model, tokenizer, task), False)
+    for index, (example, prompt) in enumerate(examples):
         seconds, predictions, tokens = {}, {}, {}
         for forced in (True, False) if index % 2 == 0 else (False, True):
             run = example if forced else replace(example, answers=[])
