@@ -75,9 +75,11 @@ eval-multiquery: setup
 eval-traces: setup
 	$(PY) -m evaluation traces
 
-# The section-7 probe: 400 two-hop probes, the facts ranked by each scorer (about 20 minutes here).
+# The section-7 probe: 400 two-hop probes, the facts ranked by each scorer (about 20 minutes here); then the same
+# probes with the gold facts at the middle positions 7 and 9 of 16, where recency cannot find them (about 20 more).
 eval-probe: setup
 	$(PY) -m evaluation probe --probes 400 --output results/probe/smollm2-135m
+	$(PY) -m evaluation probe --probes 400 --gold-positions middle --output results/probe/smollm2-135m-middle
 
 eval-memory: setup
 	$(PY) -m evaluation memory --episodes 10 --output results/memory/smollm2-135m
