@@ -92,11 +92,11 @@ eval-perplexity: setup
 	$(PY) -m evaluation perplexity --length 1024 --budgets 64 128 256 \
 		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" --output results/perplexity/smollm2-135m
 
-# One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
+# One scorecard across every committed run (results/*/*/ but scorecard and bench): a table per benchmark,
+# bootstrap intervals, and win / tie / loss against H2O.
+RUNS := $(sort $(filter-out results/scorecard/% results/bench/%,$(wildcard results/*/*/)))
 scorecard: setup
-	$(PY) -m evaluation scorecard results/longbench/smollm2-135m results/locomo/smollm2-135m \
-		results/reuse/smollm2-135m results/multiquery/smollm2-135m \
-		results/traces/smollm2-135m --output results/scorecard/smollm2-135m
+	$(PY) -m evaluation scorecard $(RUNS) --output results/scorecard/smollm2-135m
 
 # Benchmarks: ratios measured side by side in one run, medians (see each script's docstring).
 bench: setup
