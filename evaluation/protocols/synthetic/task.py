@@ -212,8 +212,9 @@ REUSE = StreamTask(
     name="reuse",
     help="endogenous reuse: a code used at one turn is asked again sessions later, against matched controls",
     description="Generate (from --seed) conversations that state lock codes session by session; each "
-    "session's code asked once (first), asked again --lag sessions later (reuse), and a same-age code never "
-    "asked before (fresh, the control). Streamed like LoCoMo's evidence placement, every press at every budget.",
+    "session's code asked once (first), asked again --lag sessions later (reuse), and a same-age code stated "
+    "again where the used one is answered, never asked before (fresh, the control). Streamed like LoCoMo's "
+    "evidence placement, every press at every budget.",
     load=lambda config: generated(config, reuse.reuse_episodes),
     header=header,
     render_session=render_session,
