@@ -55,13 +55,17 @@ eval-locomo-committed: setup
 	$(PY) -m evaluation locomo --max-turns 20 --placement evidence --budgets 512 1800 \
 		--output results/locomo/smollm2-135m
 
-# The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls, and
+# The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls (a plain
+# restatement at the used code's answer), RMM weighing answer rows, then every row (--rmm-weights all), and
 # shared-context multi-query: 1k and 2k-token documents (where SmolLM2 still answers), then 4k, 8k and 16k (past
 # its 8k training length, hence the history limit above its context), and one 32k document.
 eval-reuse: setup
 	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --output results/reuse/smollm2-135m \
 		--presses full snapkv h2o streaming_llm tova rmm "rmm(lag=16)" "rmm(lag=64)" "rmm(lag=128)" \
 		"rmm(correctness='confidence')" "rmm(lag=64,correctness='confidence')"
+	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --rmm-weights all \
+		--output results/reuse/smollm2-135m-all-rows \
+		--presses full h2o snapkv tova streaming_llm rmm "rmm(lag=16)" "rmm(lag=64)"
 
 eval-multiquery: setup
 	$(PY) -m evaluation multiquery --lengths 1024 2048 --episodes 8 --budgets 256 512 \
