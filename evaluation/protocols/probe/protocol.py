@@ -28,6 +28,7 @@ from evaluation.protocols.options import whole
 from evaluation.protocols.probe.facts import FACTS
 from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
+from evaluation.runs.backends import Unit
 from evaluation.runs.models import ModelSettings
 
 RECENCY = "recency"
@@ -110,6 +111,13 @@ class Probes(Protocol[ProbeConfig]):
 
     def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> ProbeConfig:
         return ProbeConfig(model, args.seed, args.probes, not args.no_reasoning, output, args.max_new_tokens)
+
+    def options_of(self, settings: dict) -> dict:
+        return {**settings, "no_reasoning": not settings.get("reasoning", True)}
+
+    def steps(self, config: ProbeConfig, unit: Unit) -> list[frozenset]:
+        """One group per probe: a probe's rows come from its own prefill and answer alone."""
+        return [frozenset(key for key in unit.keys if key[0] == probe.index) for probe in unit.payload]
 
     def row_key(self, row: ProbeRow) -> tuple[int, str, str]:
         return row_key(row)

@@ -139,6 +139,12 @@ def multiquery_settings(args: argparse.Namespace) -> GeneratedSettings:
     return streamed({"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes})
 
 
+def multiquery_options(episodes: dict) -> dict:
+    """The options of a recorded multiquery generator (``multiquery_settings``'s inverse)."""
+    options = {key: value for key, value in episodes.items() if key != "per_length"}
+    return options | ({"episodes": episodes["per_length"]} if "per_length" in episodes else {})
+
+
 def first_use_distance(conversation: Conversation, question: Question, tokenizer: PreTrainedTokenizerBase) -> int:
     """Positions from the last token of a code's statement to the first token of its first use: the first ask's
     answer (a used code) or the session's own answer line about it (a control), in the history as the plain
@@ -237,6 +243,7 @@ MULTIQUERY = StreamTask(
     metric="Accuracy (%, string match of the number)",
     add_options=add_multiquery_options,
     settings=multiquery_settings,
+    options_of=multiquery_options,
     presses=PRESSES,
     budgets=(1024, 2048),
     max_new_tokens=24,
