@@ -173,6 +173,7 @@ def with_holm(table: pd.DataFrame, prefixes: list[str]) -> None:
     metric (all prefixes together); other lines keep their verdict."""
     for prefix in prefixes:
         table[f"{prefix}holm_verdict"] = table[f"{prefix}verdict"]
+        table[f"{prefix}holm_p"] = float("nan")  # where nothing is tested (every pair identical, say)
     for metric, group in table.groupby("metric", sort=False):
         tested = [(i, p) for p in prefixes for i in group.index if group.loc[i, f"{p}verdict"] in VERDICTS]
         adjusted = holm([float(table.loc[i, f"{p}p"]) for i, p in tested])
