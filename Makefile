@@ -55,13 +55,17 @@ eval-locomo-committed: setup
 	$(PY) -m evaluation locomo --max-turns 20 --placement evidence --budgets 512 1800 \
 		--output results/locomo/smollm2-135m
 
-# The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls, and
+# The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls (a plain
+# restatement at the used code's answer), RMM weighing answer rows, then every row (--rmm-weights all), and
 # shared-context multi-query: 1k and 2k-token documents (where SmolLM2 still answers), then 4k, 8k and 16k (past
 # its 8k training length, hence the history limit above its context), and one 32k document.
 eval-reuse: setup
 	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --output results/reuse/smollm2-135m \
 		--presses full snapkv h2o streaming_llm tova rmm "rmm(lag=16)" "rmm(lag=64)" "rmm(lag=128)" \
 		"rmm(correctness='confidence')" "rmm(lag=64,correctness='confidence')"
+	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --rmm-weights all \
+		--output results/reuse/smollm2-135m-all-rows \
+		--presses full h2o snapkv tova streaming_llm rmm "rmm(lag=16)" "rmm(lag=64)"
 
 eval-multiquery: setup
 	$(PY) -m evaluation multiquery --lengths 1024 2048 --episodes 8 --budgets 256 512 \
@@ -75,9 +79,11 @@ eval-multiquery: setup
 eval-traces: setup
 	$(PY) -m evaluation traces
 
-# The section-7 probe: 400 two-hop probes, the facts ranked by each scorer (about 20 minutes here).
+# The section-7 probe: 400 two-hop probes, the facts ranked by each scorer (about 20 minutes here); then the same
+# probes with the gold facts at the middle positions 7 and 9 of 16, where recency cannot find them (about 20 more).
 eval-probe: setup
 	$(PY) -m evaluation probe --probes 400 --output results/probe/smollm2-135m
+	$(PY) -m evaluation probe --probes 400 --gold-positions middle --output results/probe/smollm2-135m-middle
 
 eval-memory: setup
 	$(PY) -m evaluation memory --episodes 10 --output results/memory/smollm2-135m
@@ -90,11 +96,11 @@ eval-perplexity: setup
 	$(PY) -m evaluation perplexity --length 1024 --budgets 64 128 256 \
 		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" --output results/perplexity/smollm2-135m
 
-# One scorecard across the committed runs: bootstrap intervals, and win / tie / loss against H2O.
+# One scorecard across every committed run (results/*/*/ but scorecard and bench): a table per benchmark,
+# bootstrap intervals, and win / tie / loss against H2O.
+RUNS := $(sort $(filter-out results/scorecard/% results/bench/%,$(wildcard results/*/*/)))
 scorecard: setup
-	$(PY) -m evaluation scorecard results/longbench/smollm2-135m results/locomo/smollm2-135m \
-		results/reuse/smollm2-135m results/multiquery/smollm2-135m \
-		results/traces/smollm2-135m --output results/scorecard/smollm2-135m
+	$(PY) -m evaluation scorecard $(RUNS) --output results/scorecard/smollm2-135m
 
 # Benchmarks: ratios measured side by side in one run, medians (see each script's docstring).
 bench: setup

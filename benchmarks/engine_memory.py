@@ -15,6 +15,8 @@ import json
 import time
 from pathlib import Path
 
+from report import write_report
+
 from evaluation.runs.data_location import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,8 +84,7 @@ def main() -> None:
             if len(ids) >= args.length:
                 break
     report = {name: measure(model, ids[: args.length], presses) for name, presses in PRESS_SETS.items()}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     for name, entry in report.items():
         mib = {key: round(value / 2**20, 1) for key, value in entry["bytes"].items()}
         print(f"{name}: {mib} MiB, {entry['stored_rows']} rows stored, {entry['extend_seconds']} s")

@@ -16,13 +16,14 @@ tokens, run by the CLI with ``--backend ray`` on 1 worker and on 2 workers (each
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from report import write_report
 
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.runs.data_location import shared_data
@@ -43,8 +44,7 @@ def main() -> None:
     report = {"paths": shared_against_per_cell(args)}
     if args.ray_n:
         report["ray"] = ray_workers(args)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
 
 
 def ray_workers(args: argparse.Namespace) -> dict:

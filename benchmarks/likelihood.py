@@ -15,14 +15,13 @@ Writes ``results/bench/likelihood.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from grid import multi_news_grid
+from report import write_report
 
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.runs.data_location import shared_data
@@ -38,15 +37,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/likelihood.json")
     parser.add_argument("--presses", nargs="+", default=list(DEFAULT_PRESSES), help="press specs (default grid)")
     args = parser.parse_args()
-    report = {"commit": commit(), **with_and_without(args)}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-
-
-def commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-    return head.stdout.strip() + ("-dirty" if dirty.strip() else "")
+    report = with_and_without(args)
+    write_report(args.output, report)
 
 
 def with_and_without(args: argparse.Namespace) -> dict:

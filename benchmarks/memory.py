@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from report import write_report
+
 from evaluation.runs.data_location import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,8 +117,7 @@ def main() -> None:
     }
     reference = report["median_seconds"][f"reference {args.reference}"]
     report["seconds_over_reference"] = report["median_seconds"]["this checkout"] / reference
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     print(json.dumps(report["median_peak_over_kv_cache"]))
     print(f"run_shared time, this checkout over the reference: {report['seconds_over_reference']:.3f}")
 

@@ -14,7 +14,6 @@ Writes ``--output`` (JSON) and prints a line per press and budget.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from transformers import DynamicCache
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import run_protocol
+from report import write_report
 
 from evaluation.catalogue.budgets import parse_budgets, ratio_for
 from evaluation.catalogue.resolved import resolve_press, resolve_presses
@@ -148,8 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     report["full_same_predictions"] = (
         f"{sum(rows['shared'][k]['prediction'] == rows['per-cell'][k]['prediction'] for k in full)} of {len(full)}"
     )
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     return report
 
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from report import write_report
 
 from evaluation.runs.data_location import shared_data
 
@@ -184,8 +184,7 @@ def main() -> None:
             "locomo_history": locomo_history(args, model, tokenizer),
             "longbench_decoding": longbench_decoding(args, model, tokenizer),
         }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     print(
         f"LoCoMo incremental / naive per question: {report['locomo_history']['median_ratio']:.3f} (goal <= 0.05); "
         f"LongBench batched / one at a time tokens/s: {report['longbench_decoding']['ratio']:.2f} (goal >= 6; "

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from report import write_report
+
 from evaluation.runs.data_location import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,8 +119,7 @@ def main() -> None:
         report["lengths"][str(length)] = medians
     if args.long:
         report["long"] = {"length": args.long, CHUNKED: measure(CHUNKED, args.long, args.data)}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     print("\nmedians (ratio to the no-press sdpa prefill):")
     for length, medians in report["lengths"].items():
         for mode, m in medians.items():

@@ -208,8 +208,9 @@ def test_the_combined_scorecard_refuses_a_run_twice_and_runs_of_two_models(finis
         99,
     )
     (other / "run.json").write_text(json.dumps(record))
-    assert scorecard_of(tmp_path, finished_run, other) == 2
-    assert "max_length" in one_line_error(capsys)
+    assert scorecard_of(tmp_path, finished_run, other) == 0, "runs of two settings: a table each, never pooled"
+    markdown = (tmp_path / "card" / "scorecard.md").read_text()
+    assert f"## LongBench ({finished_run})" in markdown and f"## LongBench ({other})" in markdown
 
 
 def test_an_unwritable_cache_is_named_with_what_to_set(tmp_path, monkeypatch):

@@ -150,3 +150,18 @@ def test_the_smollm2_model_runs_in_bfloat16(tmp_path):
 
     model, _ = ModelSettings(dtype="bfloat16").load()
     assert model.dtype == torch.bfloat16
+
+
+def test_a_runs_own_unfinished_output_does_not_make_its_commit_dirty():
+    from evaluation.runs.record import git_commit
+
+    before = git_commit()
+    own = Path(__file__).resolve().parents[1] / "results" / f"unfinished-{time.time_ns()}"
+    own.mkdir(parents=True)
+    try:
+        (own / "predictions.jsonl").write_text("{}\n")
+        assert git_commit(own) == before
+        assert git_commit() is None or git_commit().endswith("-dirty")
+    finally:
+        (own / "predictions.jsonl").unlink()
+        own.rmdir()

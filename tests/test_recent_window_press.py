@@ -1,5 +1,5 @@
 """RecentWindowPress: H2O's heavy hitters plus its recent window, against the eager attention weights by hand and
-KVPress's own ObservedAttentionPress; the lab's recency control protects exactly RMM's provisional buffer."""
+KVPress's own ObservedAttentionPress; in the lab, a window of H protects exactly rmm(lag=H)'s provisional buffer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kvpress.utils import compute_n_kept
 
 from evaluation.catalogue.resolved import make_press, resolve_press
 from evaluation.errors import EvaluationError
-from evaluation.protocols.traces.policies import LayerTrace, PressPolicy, StreamedPolicy, recency_control
+from evaluation.protocols.traces.policies import LayerTrace, PressPolicy, StreamedPolicy, recent_h2o
 from evaluation.protocols.traces.replay import replay
 from presses import RecentWindowPress
 from tests.helpers import kept_positions, tiny_model
@@ -79,11 +79,11 @@ def hand_trace(length: int) -> LayerTrace:
 
 
 @pytest.mark.parametrize("lag", [1, 4, 9])
-def test_the_recency_control_of_a_lag_holds_rmms_buffer_and_ranks_the_rest_as_h2o(lag):
+def test_h2os_recent_window_of_a_lag_holds_rmms_buffer_and_ranks_the_rest_as_h2o(lag):
     """At every step both hold all of the lag's newest positions; the control's others are H2O's by hand."""
     length, budget = 40, 12
     trace = hand_trace(length)
-    control = replay(trace, PressPolicy.of(recency_control(lag)), budget).held[0]
+    control = replay(trace, PressPolicy.of(recent_h2o(lag)), budget).held[0]
     rmm = replay(trace, StreamedPolicy(f"rmm(lag={lag})", lag, teacher_forced=False), budget).held[0]
     assert control[-lag:].all() and rmm[-lag:].all()
     held = list(range(budget))

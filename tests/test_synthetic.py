@@ -3,16 +3,20 @@ solver that parses that text, not the generator's records), and runs through the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from evaluation.cli.main import main
-from evaluation.protocols.streaming.episodes import Question
+from evaluation.protocols.streaming.episodes import Question, Session
 from evaluation.protocols.streaming.placements import asked_after_session
+from evaluation.protocols.synthetic.memory import memory_episodes
 from evaluation.protocols.synthetic.multiquery import multiquery_episodes
 from evaluation.protocols.synthetic.reuse import reuse_episodes
 from evaluation.protocols.synthetic.task import (
@@ -24,6 +28,7 @@ from evaluation.protocols.synthetic.task import (
     spec_lag,
     string_match,
 )
+from evaluation.runs.models import SMOLLM2_ALIAS, local_model
 from tests.helpers import byte_tokenizer, saved_chat_model
 
 
@@ -33,6 +38,23 @@ def test_the_generators_are_deterministic_in_their_seed():
     documents = multiquery_episodes(5, [1024, 2048], 2)
     assert [asdict(c) for c in documents] == [asdict(c) for c in multiquery_episodes(5, [1024, 2048], 2)]
     assert [asdict(c) for c in documents] != [asdict(c) for c in multiquery_episodes(6, [1024, 2048], 2)]
+
+
+def test_the_memory_and_multiquery_episodes_are_the_ones_the_code_before_the_restated_control_generated():
+    """The reuse family's generator changed its control (a plain restatement); the families sharing task.py keep
+    their episodes byte for byte: the fingerprints ``generated`` records, as the code before (a214d6a) wrote them."""
+    episodes = {
+        "memory": ({"seed": 0, "episodes": 2}, memory_episodes),
+        "multiquery": ({"seed": 0, "lengths": [1024, 2048], "per_length": 2}, multiquery_episodes),
+    }
+    fingerprints = {
+        name: hashlib.sha256(json.dumps([asdict(c) for c in make(**kw)], sort_keys=True).encode()).hexdigest()
+        for name, (kw, make) in episodes.items()
+    }
+    assert fingerprints == {
+        "memory": "0565f17a5b0810e729a4ae071609f8cf1c76b176ba3618249ba007b2ded5e06d",
+        "multiquery": "022f5274efbf0d81023c6da87119e0e3ba8e3a748b3b61cc880252047f0356a3",
+    }
 
 
 def solve_codes(text: str) -> dict[str, str]:
@@ -66,18 +88,35 @@ def test_every_reuse_answer_is_recoverable_from_the_conversation_when_it_is_aske
             assert set(kinds) == ({"first"} if session <= 2 else {"first", "reuse", "fresh"})
             assert kinds.get("reuse") == kinds.get("fresh"), "the control is as old as the reused code"
             text = REUSE.render_session(conversation.sessions[session - 1])
-            assert len(re.findall(r"the code of", text)) == 3, "2 codes, and the control's question about one"
+            restated = session > 1
+            assert len(re.findall(r"the code of", text)) == 2 + restated, "2 codes, and the last session's control"
 
 
-def test_the_used_and_the_control_copies_take_one_form():
-    """A used code's second copy is the protocol's question and the gold answer sentence; its control's is the
-    same question and sentence inside the session, as the session's last two lines."""
-    for conversation in reuse_episodes(0, 3):
-        for question in (q for q in conversation.questions if q.kind == "fresh"):
-            session = conversation.sessions[int(question.evidence[0][1:].split(":")[0]) - 1]
-            *_, asked, told = session.turns
-            assert (asked.text, told.text) == (question.question, sentence_answer(question))
-            assert asked.speaker != told.speaker and told.dia_id == question.evidence[1]
+def test_the_control_is_restated_as_stated_right_after_the_used_codes_answer():
+    """A control's second copy is a plain restatement: the next session opens with its statement again, word for
+    word and by the same speaker, and no question about it comes before its re-ask. The used code's first ask is
+    the last question asked after its session, so the restatement directly follows that answer in the stream; the
+    control's statement directly follows the used code's."""
+    for conversation in reuse_episodes(0, 3, sessions=6, facts=3, lag=2):
+        questions = sorted(conversation.questions, key=lambda q: (asked_after_session(conversation, q), q.index))
+        for question in (q for q in questions if q.kind == "fresh"):
+            (stated, at), (again, opening) = (turn_at(conversation, item) for item in question.evidence[:2])
+            assert again.number == stated.number + 1 and opening == 0
+            assert again.turns[0].text == stated.turns[at].text and again.turns[0].speaker == stated.turns[at].speaker
+            assert stated.turns[at].text.endswith(sentence_answer(question)[3:]), "the control's statement"
+            assert [q for q in questions if q.question == question.question] == [question], "never asked before"
+            reused = next(q for q in questions if q.pair == question.pair and q.kind == "reuse")
+            first = next(q for q in questions if q.kind == "first" and q.question == reused.question)
+            after = [q for q in questions if asked_after_session(conversation, q) == stated.number]
+            assert after[-1] == first, "the used code's answer is the last thing before the restatement"
+            used, used_at = turn_at(conversation, first.evidence[0])
+            assert used.number == stated.number and at == used_at + 1
+
+
+def turn_at(conversation, dia_id: str) -> tuple[Session, int]:
+    """The session holding turn ``dia_id`` ("D3:2") and the turn's index in it."""
+    number, turn = (int(part) for part in dia_id.removeprefix("D").split(":"))
+    return conversation.sessions[number - 1], turn - 1
 
 
 def test_the_order_of_asking_alternates_so_each_side_of_a_pair_comes_first_equally_often():
@@ -92,23 +131,47 @@ def test_the_order_of_asking_alternates_so_each_side_of_a_pair_comes_first_equal
 
 
 def test_the_first_use_distance_counts_the_tokens_between_a_code_and_its_use():
-    """With a byte tokenizer a token is a byte: in the plain history (a session, then the question after a newline
-    and the answer after a space), the positions from the statement's last byte to the use's first byte: the
-    first ask's answer for a used code, the session's own answer line for its control."""
+    """With a byte tokenizer a token is a byte: in the plain history (a session, then each question after a
+    newline and its answer after a space), the positions from the statement's last byte to the use's first byte:
+    the first ask's answer for a used code, the next session's restatement for its control."""
     tokenizer = byte_tokenizer()
     conversation = reuse_episodes(1, 1)[0]
     for question in (q for q in conversation.questions if q.kind in ("reuse", "fresh")):
-        session = conversation.sessions[int(question.evidence[0][1:].split(":")[0]) - 1]
-        stream = "\n" + REUSE.render_session(session)
-        if question.kind == "reuse":
-            stream += "\n" + question.question
-            use = len(stream)
-            stream += " " + sentence_answer(question)
-        else:
-            use = stream.index(f'said, "{sentence_answer(question)}"') - len("Sam ")
-        statement = f'Please note this down: the code of {question.question[20:-1]} is {question.answer}."'
+        number = int(question.evidence[0][1:].split(":")[0])
+        stream = "\n" + REUSE.render_session(conversation.sessions[number - 1])
+        for asked in (q for q in conversation.questions if asked_after_session(conversation, q) == number):
+            stream += "\n" + asked.question
+            if asked.kind == "first" and asked.question == question.question:
+                use = len(stream)
+            stream += " " + sentence_answer(asked) + "\n"
+        statement = f'note this down for me, Alex: the code of {question.question[20:-1]} is {question.answer}."'
         last = stream.index(statement) + len(statement) - 1
+        if question.kind == "fresh":
+            opening = "\n" + REUSE.render_session(conversation.sessions[number])
+            use = len(stream) + opening.index(f'Sam said, "Please {statement}')
         assert first_use_distance(conversation, question, tokenizer) == use - last, question.kind
+
+
+@pytest.mark.parametrize(
+    ("seed", "episodes", "settings"), [(0, 10, {}), (1, 10, {}), (0, 8, {"sessions": 8, "facts": 4, "lag": 3})]
+)
+def test_a_used_code_and_its_control_are_first_used_at_matched_distances(seed, episodes, settings):
+    """In SmolLM2's tokens (the runs' model; ``make eval-reuse``'s episodes first), each pair's two first-use
+    distances differ by at most 2 positions, and their medians by at most 1 (the old control: 123 and 82.5)."""
+    folder = local_model(SMOLLM2_ALIAS)
+    if folder is None:
+        pytest.skip("the offline SmolLM2 is not converted yet (any run with --model smollm2-135m converts it)")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    distances: dict[str, list[int]] = {"reuse": [], "fresh": []}
+    for conversation in reuse_episodes(seed, episodes, **settings):
+        pairs: dict[int, dict[str, int]] = {}
+        for question in (q for q in conversation.questions if q.kind in distances):
+            pairs.setdefault(question.pair, {})[question.kind] = first_use_distance(conversation, question, tokenizer)
+        for pair in pairs.values():
+            assert abs(pair["fresh"] - pair["reuse"]) <= 2, pair
+            for kind, distance in pair.items():
+                distances[kind].append(distance)
+    assert abs(statistics.median(distances["fresh"]) - statistics.median(distances["reuse"])) <= 1
 
 
 def test_finite_lags_split_the_reused_codes_by_whether_their_window_reaches_the_first_use():

@@ -8,6 +8,7 @@ import csv
 import itertools
 import json
 
+import numpy as np
 import pytest
 import torch
 from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
@@ -15,9 +16,23 @@ from kvpress.utils import compute_n_kept
 
 from evaluation.cli.main import main
 from evaluation.protocols.traces import controlled
-from evaluation.protocols.traces.policies import BeladyPolicy, LayerTrace, PressPolicy, StreamedPolicy
-from evaluation.protocols.traces.record import record
+from evaluation.protocols.traces.policies import (
+    LAG_SWEEP,
+    BeladyPolicy,
+    LayerTrace,
+    PressPolicy,
+    StreamedPolicy,
+    WindowedRMMPolicy,
+    default_policies,
+    lag_control,
+    lag_sweep,
+    recent_h2o,
+    sweep_name,
+)
+from evaluation.protocols.traces.record import Trace, record
 from evaluation.protocols.traces.replay import replay
+from evaluation.protocols.traces.tova_claims import tova_claims, tova_table
+from evaluation.protocols.traces.work import metric_rows, summary_row
 from presses import TOVAPress
 from presses.ordered_scorer_press import kept_indices
 from tests.helpers import SHARED_DATA, kept_positions, tiny_model
@@ -171,7 +186,7 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
     assert main(argv) == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     # per trace: a summary, then 3 metrics x (7 policies x 2 budgets + the lags 0, 1, 4, 16 at 64 and up to 64 at
-    # 96 + their recency controls, the lags above 0 but 32, a default policy)
+    # 96 + their commit-lag controls, the lags above 0)
     assert len(rows) == 2 * (1 + 3 * (7 * 2 + 4 + 5 + 3 + 4))
     for name in (
         "scorecard.md",
@@ -201,7 +216,7 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
     combined = ["scorecard", str(output), "--output", str(tmp_path / "cards" / "t")]
     assert main(combined) == 0
     card = (tmp_path / "cards" / "t" / "scorecard.md").read_text()
-    assert "Traces retained_mass" in card and "tova" in card and "recent_window(h2o,window=16)" in card
+    assert "Traces retained_mass" in card and "tova" in card and lag_control(16) in card
 
 
 @pytest.mark.parametrize(
@@ -224,3 +239,112 @@ def test_bad_trace_options_get_a_clear_error(model_dir, tmp_path, monkeypatch, c
     argv = ["traces", "--output", str(tmp_path / "out"), *[item for pair in base.items() for item in pair]]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def control_by_hand(rows: np.ndarray, correct: np.ndarray, window: int, budget: int) -> list[int]:
+    """RMM's full-horizon score, sum over t' = k..t of w(t') a(t' -> k) divided by t - k + 1, with the ``window``
+    newest protected: each step evicts the lowest-scored older position, ties the newer one."""
+    held = list(range(budget))
+    for t in range(budget, len(rows)):
+        held.append(t)
+        score = {k: float(correct[k : t + 1] @ rows[k : t + 1, k]) / (t - k + 1) for k in held}
+        older = [k for k in held if t - k >= window]
+        low = min(score[k] for k in older)
+        held.remove(max(k for k in older if score[k] == low))
+    return held
+
+
+# A hand-built trace: integer weights per row (normalized), correctness per row; no two scores tie
+CONTROL_WEIGHTS = [
+    [5, 0, 0, 0, 0, 0, 0, 0],
+    [3, 3, 0, 0, 0, 0, 0, 0],
+    [6, 5, 1, 0, 0, 0, 0, 0],
+    [8, 3, 5, 8, 0, 0, 0, 0],
+    [9, 2, 4, 4, 9, 0, 0, 0],
+    [1, 7, 1, 3, 5, 5, 0, 0],
+    [7, 9, 1, 7, 3, 5, 9, 0],
+    [7, 2, 3, 9, 4, 5, 3, 2],
+]
+CONTROL_CORRECT = [0, 1, 0, 1, 0, 1, 1, 1]
+
+
+def test_the_commit_lag_control_is_rmms_full_horizon_score_with_the_lags_newest_protected():
+    """At H = 2 it holds what the rule by hand holds, which neither ``rmm(lag=2)`` (windowed utility) nor H2O's
+    window (uncorrected attention) holds; at H = 0 it is ``rmm`` (``lag=None``) itself, the press streamed."""
+    weights = np.array(CONTROL_WEIGHTS, dtype=float)
+    rows, correct = weights / weights.sum(1, keepdims=True), np.array(CONTROL_CORRECT, dtype=float)
+    trace = LayerTrace(torch.tensor(rows[None], dtype=torch.float32), torch.tensor(correct, dtype=torch.float32))
+    budget, lag = 4, 2
+
+    def held(policy) -> list[int]:
+        return replay(trace, policy, budget).held[0].nonzero()[:, 0].tolist()
+
+    control = held(WindowedRMMPolicy(lag_control(lag), lag))
+    assert control == control_by_hand(rows, correct, lag, budget) == [1, 3, 6, 7]
+    assert held(StreamedPolicy(sweep_name(lag), lag)) == [0, 4, 6, 7]
+    assert held(PressPolicy.of(recent_h2o(lag))) == [0, 1, 6, 7]
+    at_zero = held(WindowedRMMPolicy(lag_control(0), 0))
+    assert at_zero == control_by_hand(rows, correct, 0, budget) == held(StreamedPolicy("rmm", None)) == [1, 3, 5, 6]
+
+
+def test_the_lag_sweep_runs_each_lags_control_beside_it():
+    names = [policy.name for policy in lag_sweep()]
+    assert names == [sweep_name(lag) for lag in LAG_SWEEP] + [lag_control(lag) for lag in LAG_SWEEP if lag]
+    assert WindowedRMMPolicy(lag_control(64), 64).refusal(64) and not WindowedRMMPolicy("c", 63).refusal(64)
+
+
+def tova_and_h2o_by_hand(rows: np.ndarray, budget: int) -> dict[str, dict[str, float]]:
+    """TOVA (the newest row's attention) and H2O (attention received, as a mean over the rows that saw it) replayed
+    by hand on one group's rows: retained mass, heavy-hitter recall and the shares of the 64 newest and 4 first
+    positions held at the end."""
+    length = len(rows)
+    cumulative = rows.sum(0)
+    heavy = set(np.argsort(-cumulative, kind="stable")[:budget].tolist())
+    scores = {
+        "tova": lambda t: rows[t],
+        "h2o": lambda t: rows[: t + 1].sum(0) / np.maximum(t + 1 - np.arange(length), 1),
+    }
+    found = {}
+    for name, score in scores.items():
+        held, mass = list(range(budget)), 0.0
+        for t in range(budget, length):
+            held.append(t)
+            mass += rows[t, held].sum()
+            now = score(t)
+            held.remove(min(held, key=lambda k: (now[k], k)))
+        found[name] = {
+            "mass": mass / (length - budget),
+            "recall": len(heavy & set(held)) / budget,
+            "recent": len([k for k in held if k >= length - 64]) / 64,
+            "first": len([k for k in held if k < 4]) / 4,
+        }
+    return found
+
+
+def test_the_tova_claims_table_measures_the_seeds_figures_as_replayed_by_hand():
+    """A trace whose steps look at 4 sinks and their recent positions, and early on at old heavy hitters that H2O
+    keeps: TOVA's and H2O's mass, recall and held shares in the scorecard's table are those replayed by hand."""
+    length, budget = 100, 72
+    rng = np.random.default_rng(5)
+    age = np.arange(length)[:, None] - np.arange(length)[None, :]
+    logits = rng.random((length, length)) + 3.0 * (np.arange(length) < 4) + 2.0 * (age < 64) * np.exp(-age / 40)
+    logits[:60, 10:26] += 3.0  # heavy hitters of the first 60 steps, ignored afterwards
+    rows = np.where(age >= 0, np.exp(logits), 0.0)
+    rows /= rows.sum(1, keepdims=True)
+    trace = Trace("hand", list(range(length)), torch.ones(length), [torch.tensor(rows[None], dtype=torch.float32)])
+    stacked = LayerTrace(torch.cat(trace.layers), trace.correct)
+    out = [summary_row(trace, "multi_news:0", stacked)]
+    for policy in default_policies(0)[:2]:  # tova, h2o
+        out += metric_rows(trace, policy, budget, replay(stacked, policy, budget))
+    (claim,) = tova_claims(out, [budget], None)
+    expected = tova_and_h2o_by_hand(rows, budget)
+    share = np.mean([rows[t, max(0, t - 63) : t + 1].sum() for t in range(length)])
+    assert claim.text == "multi_news:0" and claim.h2o_window_mass is None
+    assert claim.recent_share == pytest.approx(share, abs=1e-6)
+    for name in ("tova", "h2o"):
+        assert getattr(claim, f"{name}_mass") == pytest.approx(expected[name]["mass"], abs=1e-5)
+        for figure in ("recall", "recent", "first"):
+            assert getattr(claim, f"{name}_{figure}") == pytest.approx(expected[name][figure]), (name, figure)
+    assert claim.tova_recent == claim.tova_first == 1.0 > claim.h2o_recent, "TOVA holds the sinks and the newest"
+    table = tova_table([claim], None)
+    assert f"| multi_news:0 | {claim.budget} | {share:.3f} | {claim.tova_mass:.3f} |" in table[-1]

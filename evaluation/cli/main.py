@@ -162,7 +162,10 @@ def parser_for_every_command() -> argparse.ArgumentParser:
     for command in COMMANDS:
         subparser = subparsers.add_parser(command.name, help=command.help, description=command.description)
         command.add_options(subparser)
-        subparser.set_defaults(act=command, benchmarks={name: p.benchmark for name, p in protocols().items()})
+        known = protocols()
+        benchmarks = {name: p.benchmark for name, p in known.items()}
+        pooled = {name: p.scores_settings() for name, p in known.items()}
+        subparser.set_defaults(act=command, benchmarks=benchmarks, pooled=pooled)
     for subparser in subparsers.choices.values():
         subparser.allow_abbrev = False  # --pres is not --presses
     return parser

@@ -21,7 +21,7 @@ from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar, get_args, get_type_hints
 
 from typing_extensions import NotRequired, TypedDict
 
@@ -63,6 +63,22 @@ def results_defining(config: object) -> dict[str, str]:
             keys |= marked
         elif is_dataclass(value) and not isinstance(value, (type, ModelSettings)):
             keys |= results_defining(value)
+    return keys
+
+
+def scores_settings(config_type: type) -> list[str]:
+    """The settings of a configuration class that define how each row is computed (``SCORES``), its nested settings
+    classes' included: what a run.json names ``pooled_settings``, for one written before it named them."""
+    hints = get_type_hints(config_type)
+    keys: list[str] = []
+    for item in fields(config_type):
+        marked = item.metadata.get(DEFINES)
+        if isinstance(marked, dict):
+            keys += [key for key, defines in marked.items() if defines == SCORES]
+        elif marked == SCORES:
+            keys.append(item.name)
+        elif marked is None and is_dataclass(hints.get(item.name)):
+            keys += scores_settings(hints[item.name])
     return keys
 
 
@@ -164,6 +180,10 @@ class Protocol(ABC, Generic[C]):
 
     def record_defaults(self) -> dict:
         return ModelSettings().record()
+
+    def scores_settings(self) -> list[str]:
+        """The settings runs pooled in one scorecard must share: its configuration's ``SCORES`` fields."""
+        return scores_settings(get_args(type(self).__orig_bases__[0])[0])  # type: ignore[attr-defined]
 
 
 _REGISTRY: dict[str, Protocol] = {}

@@ -1,14 +1,17 @@
-"""One scorecard across benchmarks (``python -m evaluation scorecard``): every (condition, budget, press) of
-any mix of LongBench, LoCoMo and trace runs with a 95% bootstrap interval over examples, and against a
-reference press the paired difference, its verdict (win, tie: the interval contains 0, loss), the verdict after
-Holm's correction and the smallest difference each comparison could detect, and the wins / ties / losses per
-press (each example counted once), as in the paper's Figure 3, per metric. A press name is its spec, so one name
-is one press in every run; a run's benchmark is the protocol its run.json records; runs that hold the same
-example twice, and rows of a press or budget their run did not ask for, are refused."""
+"""One scorecard across benchmarks (``python -m evaluation scorecard``): every (condition, budget, press) of any
+mix of runs, each through its protocol's own ``Benchmark`` and metrics, with a 95% bootstrap interval over examples,
+in a table per benchmark with the presses that ran there (runs of one protocol pooled where they agree on how
+scores are computed and share no example, else a table each, named by their folders); against a reference press
+the paired difference, its verdict (win, tie: the interval contains 0, loss), the verdict after Holm's correction
+and the smallest difference each comparison could detect, and the wins / ties / losses per press (each example
+counted once), as in the paper's Figure 3, per metric; then the contrasts each benchmark declares. A press name is
+its spec, so one name is one press in every run; a run's benchmark is the protocol its run.json records; a folder
+given twice, runs of two models, and rows of a press or budget their run did not ask for, are refused."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -17,30 +20,54 @@ from evaluation.catalogue.budgets import Budget
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError
 from evaluation.reporting.conditions import Benchmark
-from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize, write_scorecard
+from evaluation.reporting.scorecard import (
+    contrast_table,
+    press_contrast_table,
+    scores_frame,
+    summarize,
+    with_holm,
+    write_scorecard,
+)
 from evaluation.runs.files import SCORECARD_FILES, refuse_links
 from evaluation.runs.json_rows import numbered_rows
 from evaluation.runs.record import read_record
 
 
+@dataclass(frozen=True)
+class Pool:
+    """Runs of one protocol pooled into one table: their benchmark, rows and folders, and the table's title (the
+    benchmark's name, with its runs' folders where the benchmark has several pools)."""
+
+    title: str
+    benchmark: Benchmark
+    rows: list[dict]
+    runs: tuple[Path, ...]
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.title} "
+
+
 def load_runs(
-    run_dirs: list[Path], benchmarks: dict[str, Benchmark]
-) -> tuple[list[tuple[Benchmark, list[dict]]], list[str]]:
-    """The runs to pool (each folder once, all of one model: name and precision, and runs of one protocol under
-    one setting), and those whose last session has not finished (still running, or cut off): their rows so far."""
+    run_dirs: list[Path], benchmarks: dict[str, Benchmark], pooled: dict[str, list[str]] | None = None
+) -> tuple[list[Pool], list[str]]:
+    """The runs pooled (each folder once, all of one model: name and precision), and those whose last session has
+    not finished (still running, or cut off): their rows so far. Runs of one protocol pool where they agree on
+    every setting of how scores are computed and hold no example in common (``pooling``); ``pooled``: each
+    protocol's such settings, for a run.json that does not name them."""
     seen = [run.resolve() for run in run_dirs]
     twice = sorted({str(run) for run in seen if seen.count(run) > 1})
     if twice:
         raise EvaluationError(f"run {', '.join(twice)} is given twice: its examples would count twice")
     loaded = [load_run(run, benchmarks) for run in run_dirs]
     records = {run: record for run, (_, _, record) in zip(run_dirs, loaded, strict=True)}
-    check_same_settings(records)
     models = {run: (str(r["config"].get("model")), str(r["config"].get("dtype"))) for run, r in records.items()}
     if len(set(models.values())) > 1:
         listed = "; ".join(f"{run}: {' '.join(model)}" for run, model in models.items())
         raise EvaluationError(f"the runs are of different models ({listed}): pool the runs of one model")
     partial = [str(run) for run, record in records.items() if not finished(record)]
-    return [(benchmark, rows) for benchmark, rows, _ in loaded], partial
+    runs = [(run, benchmark, rows, record) for run, (benchmark, rows, record) in zip(run_dirs, loaded, strict=True)]
+    return pooling(runs, pooled or {}), partial
 
 
 def finished(record: dict) -> bool:
@@ -48,22 +75,32 @@ def finished(record: dict) -> bool:
     return bool(record["sessions"]) and bool(record["sessions"][-1].get("finished"))
 
 
-def check_same_settings(records: dict[Path, dict]) -> None:
-    """Runs of one protocol are pooled only under the same settings of how scores are computed (what each run.json
-    names ``pooled_settings``, from its configuration's field metadata)."""
-    first: dict[str, tuple[Path, dict]] = {}
-    for run, record in records.items():
-        config, protocol = record["config"], record.get("protocol", "")
-        if protocol not in first:
-            first[protocol] = (run, config)
-            continue
-        other, seen = first[protocol]
-        for key in record.get("pooled_settings", []):
-            if key in config and key in seen and config[key] != seen[key]:
-                raise EvaluationError(
-                    f"{other} and {run} are {protocol} runs with {key} {seen[key]!r} and {config[key]!r}: pool runs "
-                    "of one setting (write a scorecard per setting)"
-                )
+def pooling(runs: list[tuple[Path, Benchmark, list[dict], dict]], pooled: dict[str, list[str]]) -> list[Pool]:
+    """The runs in pools, in the order given: a run joins the first pool of its protocol whose runs agree with it on
+    every setting of how scores are computed that both record (what its run.json names ``pooled_settings``, else
+    ``pooled``'s of its protocol) and hold none of its examples; any other opens a pool of its own."""
+    groups: list[tuple[str, Benchmark, list[tuple[Path, list[dict], dict]], set]] = []
+    for run, benchmark, rows, record in runs:
+        protocol, config = record.get("protocol", ""), record["config"]
+        keys = record.get("pooled_settings") or pooled.get(protocol, [])
+        held = {(benchmark.example_id(row), row.get("press"), row.get("budget_label")) for row in rows}
+        for name, _, members, examples in groups:
+            agree = all(
+                config[key] == other[key] for _, _, other in members for key in keys if key in config and key in other
+            )
+            if name == protocol and agree and not held & examples:
+                members.append((run, rows, config))
+                examples |= held
+                break
+        else:
+            groups.append((protocol, benchmark, [(run, rows, config)], held))
+    names = [name for name, _, _, _ in groups]
+    pools = []
+    for name, benchmark, members, _ in groups:
+        folders = tuple(run for run, _, _ in members)
+        title = benchmark.name if names.count(name) == 1 else f"{benchmark.name} ({', '.join(map(str, folders))})"
+        pools.append(Pool(title, benchmark, [row for _, rows, _ in members for row in rows], folders))
+    return pools
 
 
 def load_run(run_dir: Path, benchmarks: dict[str, Benchmark]) -> tuple[Benchmark, list[dict], dict]:
@@ -104,9 +141,16 @@ def asked_grid(record: dict) -> dict[str, set[str]]:
     for field, setting in (("press", "presses"), ("budget", "budgets")):
         asked = [value for config in configs if isinstance(config, dict) for value in config.get(setting) or []]
         if asked:
-            keys = {value if isinstance(value, str) else Budget("tokens", value).key for value in asked}
+            keys = {budget_key(value) for value in asked}
             grid[field] = keys | ({FULL_CACHE} if field == "budget" else set())
     return grid
+
+
+def budget_key(value: str | int | dict) -> str:
+    """A recorded budget's row key: a key as it is, a number of tokens, or a ``Budget`` recorded as a mapping."""
+    if isinstance(value, str):
+        return value
+    return (Budget(**value) if isinstance(value, dict) else Budget("tokens", value)).key
 
 
 def check_grid(run_dir: Path, benchmark: Benchmark, record: dict, numbered: list[tuple[int, dict]]) -> None:
@@ -124,29 +168,19 @@ def check_grid(run_dir: Path, benchmark: Benchmark, record: dict, numbered: list
 
 
 def write_combined(
-    output: Path,
-    runs: list[tuple[Benchmark, list[dict]]],
-    reference: str,
-    resamples: int,
-    seed: int,
-    partial: list[str] | None = None,
+    output: Path, pools: list[Pool], reference: str, resamples: int, seed: int, partial: list[str] | None = None
 ) -> pd.DataFrame:
-    """The combined scorecard under ``output``: ``scorecard.{md,csv}``, ``scorecard.png`` and ``forest.png``;
-    ``partial`` names runs whose rows are not all in yet."""
-    frame = pd.concat([scores_frame(b, rows, f"{b.name} ") for b, rows in runs], ignore_index=True)
-    twice = frame[frame.duplicated(["metric", "condition", "budget", "press", "example"])]
-    if not twice.empty:
-        first = twice.iloc[0]
-        raise EvaluationError(
-            f"the runs overlap: {first['press']} at {first['budget']} on {first['condition']} example "
-            f"{first['example']} is in two of them; give each example once"
-        )
+    """The combined scorecard under ``output``: ``scorecard.{md,csv}`` (a score table per pool, with the presses
+    that ran in it), the contrasts its benchmarks declare, ``scorecard.png`` and ``forest.png``; ``partial`` names
+    runs whose rows are not all in yet."""
+    frames = [scores_frame(pool.benchmark, pool.rows, pool.prefix) for pool in pools]
+    frame = pd.concat(frames, ignore_index=True)
     if not (frame["press"] == reference).any():
         raise EvaluationError(
             f"--reference {reference!r} is a press of none of the runs: pass one of "
             f"{', '.join(dict.fromkeys(frame['press']))}"
         )
-    order = {f"{b.name} {condition}": i for b, _ in runs for i, condition in enumerate(b.order)}
+    order = {pool.prefix + condition: i for pool in pools for i, condition in enumerate(pool.benchmark.order)}
     frame["rank"] = frame["condition"].map(order).fillna(len(order))
     frame = frame.sort_values("rank", kind="stable").drop(columns="rank")
     try:
@@ -154,22 +188,39 @@ def write_combined(
     except ValueError as error:
         raise EvaluationError(str(error)) from error
     note = (
-        f"Mean [95% bootstrap interval over examples, {resamples} resamples, seed {seed}] (n). Below, each press "
-        f"against {reference} on the examples both ran: the paired difference, its interval and the verdict, per "
-        "metric (each benchmark's official score, and the gold answer's likelihood where rows hold it)."
+        f"Mean [95% bootstrap interval over examples, {resamples} resamples, seed {seed}] (n). A table per "
+        "benchmark (runs of one benchmark that differ in how scores are computed, or hold the same examples, a "
+        "table each, named by their folders), with the presses that ran there. Below, each press against "
+        f"{reference} on the examples both ran: the paired difference, its interval and the verdict, per metric "
+        "(each benchmark's official score, and the gold answer's likelihood where rows hold it)."
     )
     if partial:
         note += f" Partial: {', '.join(partial)} had not finished (still running, or cut off): its rows so far."
-    tables = [contrast_table(b, rows, f"{b.name}: ", resamples, seed) for b, rows in runs if b.contrasts]
+    tables = [
+        contrast_table(p.benchmark, p.rows, f"{p.title}: ", resamples, seed) for p in pools if p.benchmark.contrasts
+    ]
     contrasts = pd.concat(tables, ignore_index=True) if tables else None
-    write_scorecard(output, summary, f"Scorecard against {reference}", note, reference, contrasts=contrasts)
+    against = [
+        press_contrast_table(part, pool.benchmark.press_contrasts, resamples, seed)
+        for pool, part in zip(pools, frames, strict=True)
+        if pool.benchmark.press_contrasts
+    ]
+    press_contrasts = pd.concat(against, ignore_index=True) if against else None
+    if press_contrasts is not None:
+        with_holm(press_contrasts, [""])  # one family per metric across the pools
+    conditions = {pool.title: list(dict.fromkeys(part["condition"])) for pool, part in zip(pools, frames, strict=True)}
+    title = f"Scorecard against {reference}"
+    write_scorecard(
+        output, summary, title, note, reference, contrasts=contrasts, press_contrasts=press_contrasts, tables=conditions
+    )
     return summary
 
 
 def command(args: argparse.Namespace) -> int:
-    """``python -m evaluation scorecard``; ``args.benchmarks``: every protocol's, by name."""
+    """``python -m evaluation scorecard``; ``args.benchmarks`` and ``args.pooled``: every protocol's benchmark and
+    settings of how its scores are computed, by name."""
     refuse_links(args.output, SCORECARD_FILES)
-    runs, partial = load_runs(args.runs, args.benchmarks)
-    write_combined(args.output, runs, args.reference, args.resamples, args.seed, partial)
+    pools, partial = load_runs(args.runs, args.benchmarks, args.pooled)
+    write_combined(args.output, pools, args.reference, args.resamples, args.seed, partial)
     print(f"scorecard: {args.output / 'scorecard.md'}")
     return 0

@@ -55,10 +55,25 @@ class Contrast:
 
 
 @dataclass(frozen=True)
+class PressContrast:
+    """Every spec of one press (``press``: its name, as ``rmm`` names ``rmm`` and ``rmm(lag=64)``) against a
+    baseline press (a spec) at each budget and condition, paired by example: the paper's section 8 sets RMM against
+    SnapKV and StreamingLLM."""
+
+    press: str
+    baseline: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.press} against {self.baseline}"
+
+
+@dataclass(frozen=True)
 class Benchmark:
     """A protocol's scorecard: its conditions, what identifies an example, and its official score (``scale``,
     ``digits``, ``unit``). ``measured``: the metrics its scorecard reports; empty: the official score, then the gold
-    answer's likelihood (``ANSWER_NLL``) where rows hold it."""
+    answer's likelihood (``ANSWER_NLL``) where rows hold it. ``press_contrasts``: the press-against-baseline
+    comparisons its scorecard adds to those against the reference and the full cache."""
 
     name: str
     conditions: Callable[[dict], list[str]]  # the conditions a row counts in
@@ -69,6 +84,7 @@ class Benchmark:
     contrasts: tuple[Contrast, ...] = ()
     unit: str = "official score"
     measured: tuple[Metric, ...] = ()
+    press_contrasts: tuple[PressContrast, ...] = ()
 
     @property
     def score(self) -> Metric:

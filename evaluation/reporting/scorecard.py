@@ -19,9 +19,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from evaluation.catalogue.budgets import OVER_THE_CONTEXT
-from evaluation.catalogue.specs import FULL_CACHE
+from evaluation.catalogue.specs import FULL_CACHE, plan_spec
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
-from evaluation.reporting.conditions import Benchmark, Contrast, Metric
+from evaluation.reporting.conditions import Benchmark, Contrast, Metric, PressContrast
 from evaluation.reporting.intervals import (
     MIN_EXAMPLES_FOR_INTERVAL,
     MIN_PAIRS,
@@ -268,6 +268,67 @@ def _contrast_frame(benchmark: Benchmark, contrast: Contrast, rows: list[dict]) 
     return pd.DataFrame(records, columns=["side", "budget", "press", "pair", "score", "output", "ceiling"])
 
 
+PRESS_CONTRAST_COLUMNS = ["metric", "condition", "budget", "press", "baseline", "n", "press_mean", "baseline_mean"]
+
+
+def press_contrast_table(
+    frame: pd.DataFrame,
+    contrasts: tuple[PressContrast, ...],
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> pd.DataFrame:
+    """Per metric, condition and budget, every spec of each contrast's press that ran there against its baseline on
+    the examples both ran (``frame``: ``scores_frame``'s): both means over those pairs, the paired difference with
+    its interval, p-value and minimum detectable difference, the verdict as ``compare`` gives it (win: the press is
+    better, in the metric's direction) and one after Holm's correction over the metric's press contrasts."""
+    keys = ["metric", "condition", "budget", "press"]
+    cells = {key: group.set_index("example") for key, group in frame.groupby(keys, sort=False)}
+    lines = []
+    for contrast in contrasts:
+        for (metric, condition, budget, press), cell in cells.items():
+            base = cells.get((metric, condition, budget, contrast.baseline))
+            if base is None or press == FULL_CACHE or plan_spec(press).name != contrast.press:
+                continue
+            label = f"{condition}, {budget}, {press} against {contrast.baseline}"
+            verdict, difference = compare(cell, base, label, resamples, seed, metric.higher_is_better)
+            both = cell.join(base, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
+            line = dict(zip(keys, (metric, condition, budget, press), strict=True)) | {"baseline": contrast.baseline}
+            line |= {"n": len(both), "press_mean": both["score"].mean(), "baseline_mean": both["score_base"].mean()}
+            line |= {"verdict": verdict, "digits": metric.digits}
+            if difference is not None:
+                line |= {"diff": difference.mean, "diff_low": difference.low, "diff_high": difference.high}
+                line |= {"p": difference.p, "mde": difference.detectable}
+            lines.append(line)
+    columns = [*PRESS_CONTRAST_COLUMNS, "diff", "diff_low", "diff_high", "verdict", "p", "mde", "digits"]
+    table = pd.DataFrame(lines).reindex(columns=columns)
+    with_holm(table, [""])
+    return table
+
+
+def press_contrast_section(table: pd.DataFrame) -> list[str]:
+    """The markdown of the press contrasts: per metric, one line per (condition, budget, press, baseline)."""
+    lines = ["", "## Presses against baselines, paired", ""]
+    lines += [
+        "Each press against the baseline at the same condition and budget, paired by example; win: the press is "
+        "better in the metric's direction. MDE as above; Holm over these comparisons of the metric."
+    ]
+    for metric, group in table.groupby("metric", sort=False):
+        lines += ["", f"### {metric.label}", ""]
+        lines += [
+            "| condition | budget | press | baseline | press mean | baseline mean | difference | n | MDE | verdict "
+            "| Holm p | Holm |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for _, line in group.iterrows():
+            digits = int(line["digits"])
+            difference = interval_text(line["diff"], line["diff_low"], line["diff_high"], digits, True) or "-"
+            means = [number_text(line[side], digits) for side in ("press_mean", "baseline_mean")]
+            cells = [line["condition"], line["budget"], line["press"], line["baseline"], *means, difference, line["n"]]
+            cells += [number_text(line["mde"], digits), line["verdict"], p_text(line["holm_p"]), line["holm_verdict"]]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
+
+
 def contrast_section(table: pd.DataFrame) -> list[str]:
     """The markdown of the contrasts: one table per contrast."""
     lines = []
@@ -375,13 +436,17 @@ def write_scorecard(
     budgets: list[str] | None = None,
     appendix: list[str] | None = None,
     contrasts: pd.DataFrame | None = None,
+    press_contrasts: pd.DataFrame | None = None,
+    tables: dict[str, list[str]] | None = None,
 ) -> None:
     """``scorecard.csv`` (long form), ``scorecard.md`` (per metric, conditions x budgets by press, then the
     differences against the reference with wins / ties / losses), ``scorecard.png`` (absolute values) and
     ``forest.png``. Every press and budget of ``summary`` is in each: ``presses`` and ``budgets`` (a run's asked
-    grid) come first; ``contrasts`` (``contrast_table``), when it holds any, go to ``contrasts.csv`` and a section
-    of their own; ``appendix`` (markdown lines) closes the markdown. Each file is written new and renamed into
-    place; a link where one belongs is refused before any is written (``evaluation.runs.files``)."""
+    grid) come first; ``contrasts`` (``contrast_table``) and ``press_contrasts`` (``press_contrast_table``), when
+    they hold any, go to ``contrasts.csv`` and ``press_contrasts.csv`` and a section each; ``tables`` (a title per
+    list of conditions) splits the score tables, one per title with the presses and budgets of its conditions
+    alone; ``appendix`` (markdown lines) closes the markdown. Each file is written new and renamed into place; a
+    link where one belongs is refused before any is written (``evaluation.runs.files``)."""
     refuse_links(output, SCORECARD_FILES)
     output.mkdir(parents=True, exist_ok=True)
     columns = ["metric", "condition", "budget", "press", "mean", "low", "high", "n", "failed"]
@@ -391,12 +456,13 @@ def write_scorecard(
     presses = list(dict.fromkeys([*(presses or []), *summary["press"]]))  # the asked ones first, then any stored
     budgets = [b for b in dict.fromkeys([*(budgets or []), *summary["budget"]]) if b != FULL_CACHE]
     lines = [f"# {title}", "", note, "", "![scores](scorecard.png)"]
-    metrics = metrics_of(summary)
-    for metric in metrics:
-        chosen = summary[summary["metric"] == metric]
-        lines += ["", *([f"## {metric.name} ({metric.unit})", ""] if len(metrics) > 1 else [])]
-        lines += [f"Metric: {metric.label}.", ""]
-        lines += score_table(chosen, presses, budgets)
+    if tables is None:
+        lines += score_tables(summary, presses, budgets, "##")
+    for heading, conditions in (tables or {}).items():
+        chosen = summary[summary["condition"].isin(conditions)]
+        ran = [press for press in presses if press in set(chosen["press"])]
+        held = [budget for budget in budgets if budget in set(chosen["budget"])]
+        lines += ["", f"## {heading}", *score_tables(chosen, ran, held, "###")]
     for prefix, against in baselines(reference):
         lines += comparison_section(summary, prefix, against)
     if contrasts is not None and not contrasts.empty:
@@ -405,6 +471,12 @@ def write_scorecard(
                 staging, index=False
             )
         lines += contrast_section(contrasts)
+    if press_contrasts is not None and not press_contrasts.empty:
+        with replaced(output / "press_contrasts.csv") as staging:
+            press_contrasts.drop(columns="digits").assign(metric=press_contrasts["metric"].map(metric_name)).to_csv(
+                staging, index=False
+            )
+        lines += press_contrast_section(press_contrasts)
     write_atomically(output / "scorecard.md", "\n".join(lines + (appendix or [])) + "\n")
     plot_scores(output / "scorecard.png", summary, presses, budgets)
     plot_forest(output / "forest.png", summary, reference)
@@ -412,6 +484,18 @@ def write_scorecard(
 
 def metric_name(metric: object) -> str:
     return metric.name if isinstance(metric, Metric) else ""
+
+
+def score_tables(summary: pd.DataFrame, presses: list[str], budgets: list[str], level: str) -> list[str]:
+    """The markdown score tables of ``summary``, one per metric, each under a heading of ``level`` when there are
+    several."""
+    lines: list[str] = []
+    metrics = metrics_of(summary)
+    for metric in metrics:
+        chosen = summary[summary["metric"] == metric]
+        lines += ["", *([f"{level} {metric.name} ({metric.unit})", ""] if len(metrics) > 1 else [])]
+        lines += [f"Metric: {metric.label}.", "", *score_table(chosen, presses, budgets)]
+    return lines
 
 
 def score_table(summary: pd.DataFrame, presses: list[str], budgets: list[str]) -> list[str]:

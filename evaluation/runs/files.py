@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 from evaluation.errors import EvaluationError
 
-SCORECARD_FILES = ("scorecard.md", "scorecard.csv", "contrasts.csv", "*.png")
+SCORECARD_FILES = ("scorecard.md", "scorecard.csv", "contrasts.csv", "press_contrasts.csv", "*.png")
 PROGRESS_LOG = "progress.log"  # a run's progress, one timestamped line per step (evaluation.runs.progress)
 RUN_FILES = (".lock", "predictions.jsonl", "*.json", PROGRESS_LOG, *SCORECARD_FILES)
 

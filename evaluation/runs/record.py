@@ -32,12 +32,16 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def git_commit() -> str | None:
-    """The commit of this checkout, with ``-dirty`` when it has uncommitted changes; None outside git."""
+def git_commit(own_output: Path | None = None) -> str | None:
+    """The commit of this checkout, with ``-dirty`` when it has uncommitted changes; None outside git. A run's
+    ``own_output`` folder is not a change: a resumed run finds its own unfinished files there."""
     root = Path(__file__).resolve().parents[2]
+    outside = [f":(exclude){own_output.resolve()}"] if own_output is not None else []
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", ".", *outside], cwd=root, capture_output=True, text=True, check=True
+        )
     except (OSError, subprocess.CalledProcessError):
         return None
     return commit.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
@@ -112,7 +116,7 @@ class RunRecord:
             "finished": False,
             "config": config,  # each session's own grid: a resume may ask for a part of what the folder holds
             "versions": package_versions(),
-            "git_commit": git_commit(),
+            "git_commit": git_commit(output),
         }
         self.record["sessions"].append(self.session)
         self.write()

@@ -13,7 +13,7 @@ from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
 from evaluation.protocols.options import fraction, whole
 from evaluation.protocols.protocol import LIKELIHOOD, Protocol, Row, register
-from evaluation.reporting.conditions import Benchmark
+from evaluation.reporting.conditions import Benchmark, PressContrast
 from evaluation.runs.models import ModelSettings
 
 DEFAULT_TASKS = ["multi_news"]
@@ -49,6 +49,10 @@ def conditions(row: LongBenchRow) -> list[str]:
     return [row["task"]]
 
 
+# the paper's section 8: RMM (every spec of it that ran) against SnapKV and StreamingLLM at each budget
+SECTION_8 = (PressContrast("rmm", "snapkv"), PressContrast("rmm", "streaming_llm"))
+
+
 class LongBench(Protocol[LongBenchConfig]):
     name = "longbench"
     help = "LongBench single-turn protocol: every press at every budget"
@@ -58,7 +62,13 @@ class LongBench(Protocol[LongBenchConfig]):
         "pictures, and run.json."
     )
     benchmark = Benchmark(
-        "LongBench", conditions, lambda row: (row["task"], row["id"]), 100, 2, unit="points, 100 x mean"
+        "LongBench",
+        conditions,
+        lambda row: (row["task"], row["id"]),
+        100,
+        2,
+        unit="points, 100 x mean",
+        press_contrasts=SECTION_8,
     )
     likelihood = LIKELIHOOD
     presses = DEFAULT_PRESSES

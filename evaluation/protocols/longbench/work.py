@@ -28,7 +28,7 @@ from evaluation.protocols.longbench.protocol import LongBench
 from evaluation.protocols.protocol import REFERENCE, Plan
 from evaluation.reporting.conditions import ANSWER_NLL
 from evaluation.reporting.overlap import overlap_section
-from evaluation.reporting.scorecard import scores_frame, summarize
+from evaluation.reporting.scorecard import press_contrast_table, scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import what_loading_fetches
@@ -166,7 +166,9 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
     task_configs = load_configs(data_dir, config.tasks)
     measured = (ANSWER_NLL,) if config.likelihood_only else ()
     benchmark = replace(protocol.benchmark, measured=measured)
-    summary = with_average(summarize(scores_frame(benchmark, rows), REFERENCE))
+    frame = scores_frame(benchmark, rows)
+    summary = with_average(summarize(frame, REFERENCE))
+    against = press_contrast_table(frame, benchmark.press_contrasts)
     scored = "Likelihood only: the first gold answer's" if config.likelihood_only else "The official task score"
     note = (
         f"{scored}, and each metric's unit and direction above its table; each cell: mean [95% bootstrap interval "
@@ -182,4 +184,5 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
     appendix = ([] if config.likelihood_only else degeneracy_lines(rows, caps)) + overlap_section(
         output, rows, REFERENCE
     )
-    write_card(output, summary, f"LongBench: {output.name}", note, REFERENCE, config.presses, labels, appendix)
+    title = f"LongBench: {output.name}"
+    write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix, press_contrasts=against)

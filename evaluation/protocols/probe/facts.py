@@ -4,13 +4,17 @@ Eight facts say where a person lives ("Mia lives in Oslo."), eight what colour a
 Oslo is red."), over eight people, eight cities and eight colours, each used once. The question names one person
 and asks for the colour of the flag of that person's city, so its answer chains two facts (the person's home, then
 that city's flag) and the other fourteen, of the same two forms, are distractors. The facts come in a shuffled
-order. Everything is drawn from ``random.Random(f"probe:{seed}:{index}")``: the same seed gives the same probes.
+order; where the two gold facts then stand is the placement's (``PLACEMENTS``): ``shuffled`` leaves them there,
+``middle`` moves them to the fixed middle positions ``MIDDLE`` with the distractors in their shuffled order around
+them, so the same seed and index give the same facts, question and distractor order under either placement.
+Everything is drawn from ``random.Random(f"probe:{seed}:{index}")``: the same seed gives the same probes.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from evaluation.protocols.synthetic.words import CITIES, COLORS, NAMES
@@ -24,6 +28,9 @@ EXAMPLE_FACTS = ("Tom lives in Bern.", "The flag of Bern is pink.", "Ann lives i
 EXAMPLE_QUESTION = "What colour is the flag of the city where Ann lives?"
 EXAMPLE_REASONING = "Ann lives in Rome. The flag of Rome is grey. So the answer is grey."
 EXAMPLE_ANSWER = "grey."
+MIDDLE = (6, 8)  # 0-based: the home fact 7th and the flag fact 9th of the 16, one distractor between them
+SHUFFLED = "shuffled"
+Placement = Callable[[list[str], tuple[str, str]], list[str]]  # the shuffled facts, the gold (home, flag) -> order
 
 
 @dataclass(frozen=True)
@@ -49,20 +56,39 @@ def gold_answer(probe: Probe, reasoning: bool) -> str:
     )
 
 
-def probes(seed: int, count: int) -> list[Probe]:
-    """``count`` probes, deterministic in ``seed``."""
+def in_middle(facts: list[str], gold: tuple[str, str]) -> list[str]:
+    """The distractors in their order, with the gold facts (home, flag) inserted at ``MIDDLE``."""
+    placed = [fact for fact in facts if fact not in gold]
+    for position, fact in sorted(zip(MIDDLE, gold, strict=True)):
+        placed.insert(position, fact)
+    return placed
+
+
+PLACEMENTS: dict[str, Placement] = {
+    SHUFFLED: lambda facts, gold: facts,
+    "middle": in_middle,
+}
+
+
+def probes(seed: int, count: int, placement: str = SHUFFLED) -> list[Probe]:
+    """``count`` probes, deterministic in ``seed``, their gold facts where ``placement`` (``PLACEMENTS``) puts
+    them."""
     if count < 1:
         raise ValueError(f"a probe run needs at least 1 probe, got {count}")
-    return [_probe(random.Random(f"probe:{seed}:{index}"), index) for index in range(count)]
+    if placement not in PLACEMENTS:
+        raise ValueError(f"no gold-fact placement {placement!r}: choose one of {', '.join(PLACEMENTS)}")
+    place = PLACEMENTS[placement]
+    return [_probe(random.Random(f"probe:{seed}:{index}"), index, place) for index in range(count)]
 
 
-def _probe(rng: random.Random, index: int) -> Probe:
+def _probe(rng: random.Random, index: int, place: Placement) -> Probe:
     people, cities, colours = rng.sample(NAMES, PEOPLE), rng.sample(CITIES, PEOPLE), rng.sample(COLORS, PEOPLE)
     homes = [f"{person} lives in {city}." for person, city in zip(people, cities, strict=True)]
     flags = [f"The flag of {city} is {colour}." for city, colour in zip(cities, colours, strict=True)]
     facts = homes + flags
     rng.shuffle(facts)
     asked = rng.randrange(PEOPLE)
+    facts = place(facts, (homes[asked], flags[asked]))
     gold = (facts.index(homes[asked]), facts.index(flags[asked]))
     question = f"What colour is the flag of the city where {people[asked]} lives?"
     return Probe(index, tuple(facts), question, colours[asked], cities[asked], gold)

@@ -13,7 +13,9 @@ prompt and the answer (``engine.History``) then serves every scorer's own ``scor
 
 Rows (``predictions.jsonl``, one per probe x scorer x k, resumable) score 1 when both gold facts rank in the top
 k of 16 (``probe.ranking``); a row's ``prediction`` is the scorer's order of the facts, ``model_answer`` the
-model's text. The scorecard splits them by whether the model answered correctly.
+model's text. The scorecard splits them by whether the model answered correctly, then (``probe.positions``) by
+that and the older gold fact's recency rank. ``--gold-positions middle`` places the gold facts 7th and 9th of the
+16 (``facts.MIDDLE``), where recency cannot find them.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing_extensions import NotRequired
 
 from evaluation.protocols.options import whole
-from evaluation.protocols.probe.facts import FACTS
+from evaluation.protocols.probe.facts import FACTS, MIDDLE, PLACEMENTS, SHUFFLED
 from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.models import ModelSettings
@@ -46,6 +48,7 @@ class ProbeConfig:
     reasoning: bool = field(metadata=DEFINING)
     output: Path
     max_new_tokens: int = field(default=40, metadata=DEFINING)
+    gold_positions: str = field(default=SHUFFLED, metadata=DEFINING)  # where the gold facts stand (``PLACEMENTS``)
 
 
 def top_label(k: int) -> str:
@@ -107,9 +110,21 @@ class Probes(Protocol[ProbeConfig]):
             "--no-reasoning", action="store_true", help="answer with the colour alone (default: state the chain first)"
         )
         parser.add_argument("--max-new-tokens", type=whole(1), default=40, help="answer length limit (default 40)")
+        parser.add_argument(
+            "--gold-positions",
+            choices=list(PLACEMENTS),
+            default=SHUFFLED,
+            help=f"where the two gold facts stand: where the shuffle puts them (default), or the middle: the home "
+            f"fact {MIDDLE[0] + 1}th and the flag fact {MIDDLE[1] + 1}th of {FACTS}, the distractors around them",
+        )
 
     def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> ProbeConfig:
-        return ProbeConfig(model, args.seed, args.probes, not args.no_reasoning, output, args.max_new_tokens)
+        reasoning = not args.no_reasoning
+        return ProbeConfig(model, args.seed, args.probes, reasoning, output, args.max_new_tokens, args.gold_positions)
+
+    def record_defaults(self) -> dict:
+        """A run recorded before ``--gold-positions`` existed placed its gold facts where the shuffle put them."""
+        return {**super().record_defaults(), "gold_positions": SHUFFLED}
 
     def row_key(self, row: ProbeRow) -> tuple[int, str, str]:
         return row_key(row)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import get_type_hints
 
 from typing_extensions import NotRequired
 
 from evaluation.catalogue.budgets import parse_budgets
 from evaluation.protocols.options import whole
-from evaluation.protocols.protocol import LIKELIHOOD, Protocol, Row, register
+from evaluation.protocols.protocol import LIKELIHOOD, Protocol, Row, register, scores_settings
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.task import StreamTask
 from evaluation.runs.models import ModelSettings
@@ -114,6 +115,10 @@ class Streamed(Protocol[StreamConfig]):
             allow_import=args.allow_import,
             likelihood_only=args.likelihood_only,
         )
+
+    def scores_settings(self) -> list[str]:
+        """The shared configuration's ``SCORES`` fields and the task's own settings'."""
+        return [*super().scores_settings(), *scores_settings(get_type_hints(self.task.settings)["return"])]
 
     def record_defaults(self) -> dict:
         # what older runs did not record

@@ -1,15 +1,16 @@
 """Endogenous reuse: what a correct answer used at one turn is needed again some turns later.
 
-An episode is a conversation streamed session by session. Each session states ``facts`` lock codes
-("the code of Mia's locker is 4821") among chit-chat. Right after session ``s`` one of its codes is asked
-(kind ``first``: the turn that uses the fact; the history then holds the question and its gold answer, a second
-copy of the code). The session ends with the same exchange for another of its codes, in the same words but
-inside the session ("What is the code of Nora's safe?" / "The code of Nora's safe is 7946."): a second copy of
-one form that no question asked. ``lag`` sessions later, a cue line brings each of the two locks up again and
-both are asked: the used one (kind ``reuse``) and its matched control (kind ``fresh``: as old, stated as often
-and in the same form, cued the same way, but never asked). Which of the two is asked first alternates from pair
-to pair (``order``), so that the order of asking is balanced. The difference between the two is whether the
-code was used by an answer the protocol asked for. ``lag`` counts sessions, not tokens.
+An episode is a conversation streamed session by session. Each session states ``facts`` lock codes ("Please note
+this down for me, Alex: the code of Mia's locker is 4821.") among chit-chat. One of its codes is asked right after
+the session (kind ``first``: the turn that uses the fact; the history then holds the question and its gold answer,
+a second copy of the code). The code stated on the line after it is its matched control: the next session opens
+by stating it again, word for word (a plain restatement, no question), so the control's second copy directly
+follows the used code's answer and each copy of the control trails the used code's by one line. After a session,
+its re-asks come first and its first ask last, so that only the next session's opening separates that answer from
+the restatement. ``lag`` sessions later, a cue line brings each of the two locks up again and both are asked: the
+used one (kind ``reuse``) and its control (kind ``fresh``: as old, stated as often, cued the same way, never
+asked). Which of the two is asked first alternates from pair to pair (``order``), so that the order of asking is
+balanced. ``lag`` counts sessions, not tokens.
 """
 
 from __future__ import annotations
@@ -62,22 +63,26 @@ def _episode(
     asked = [rng.randrange(facts) for _ in range(sessions)]  # which fact of each session is used
     controls = [rng.choice([i for i in range(facts) if i != asked[s]]) for s in range(sessions)]
     session_list, questions = [], []
-    where: list[dict[int, str]] = []  # per session, fact index -> its turn id
+    where: list[dict[int, list[str]]] = []  # per session, fact index -> the turn ids stating it
     for s in range(sessions):
         number = s + 1
-        lines: list[tuple[str, str]] = [(SPEAKERS[i % 2], rng.choice(CHAT)) for i in range(chat)]
-        slots = sorted(rng.sample(range(len(lines) + facts), facts))
         turns_text: list[tuple[str, str]] = []
-        fact_lines = iter(range(facts))
-        chat_lines = iter(lines)
-        for position in range(len(lines) + facts):
-            if position in slots:
-                i = next(fact_lines)
-                name, thing, code = stated[s][i]
-                turns_text.append((SPEAKERS[0], f"Please note this down: the code of {name}'s {thing} is {code}."))
-            else:
+        if s:  # the previous session's control, stated again where its used code's answer ends
+            turns_text.append((SPEAKERS[0], _statement(*stated[s - 1][controls[s - 1]])))
+            where[s - 1][controls[s - 1]].append(f"D{number}:1")
+        units = [[asked[s], controls[s]], *([i] for i in range(facts) if i not in (asked[s], controls[s]))]
+        rng.shuffle(units)
+        lines = [(SPEAKERS[i % 2], rng.choice(CHAT)) for i in range(chat)]
+        slots = set(rng.sample(range(chat + len(units)), len(units)))
+        fact_turns: dict[int, list[str]] = {}
+        unit_list, chat_lines = iter(units), iter(lines)
+        for position in range(chat + len(units)):
+            if position not in slots:
                 turns_text.append(next(chat_lines))
-        fact_turns = {i: [f"D{number}:{slots[i] + 1}"] for i in range(facts)}
+                continue
+            for i in next(unit_list):
+                turns_text.append((SPEAKERS[0], _statement(*stated[s][i])))
+                fact_turns[i] = [f"D{number}:{len(turns_text)}"]
         earlier = number - lag
         cues = []
         if earlier >= 1:
@@ -87,32 +92,28 @@ def _episode(
             if (index + number) % 2:  # the used code first in every other pair
                 cues.reverse()
             turns_text += [(SPEAKERS[1], text) for _, _, text in cues]
-        name, thing, code = stated[s][controls[s]]
-        turns_text += [(SPEAKERS[1], _ask(name, thing)), (SPEAKERS[0], _told(name, thing, code))]
-        fact_turns[controls[s]].append(f"D{number}:{len(turns_text)}")
         turns = [Turn(speaker, f"D{number}:{t + 1}", text, None) for t, (speaker, text) in enumerate(turns_text)]
         session_list.append(Session(number, f"day {number}", turns))
         where.append(fact_turns)
-        name, thing, code = stated[s][asked[s]]
-        questions.append(_question(len(questions), name, thing, code, fact_turns[asked[s]], "first"))
-        cue_turns = {i: f"D{number}:{len(turns) - 2 - len(cues) + c + 1}" for c, (_, i, _) in enumerate(cues)}
+        cue_turns = {i: f"D{number}:{len(turns) - len(cues) + c + 1}" for c, (_, i, _) in enumerate(cues)}
         for order, (kind, i, _) in enumerate(cues, 1):  # asked in the cues' order
             name, thing, code = stated[earlier - 1][i]
             evidence = [*where[earlier - 1][i], cue_turns[i]]
             questions.append(_question(len(questions), name, thing, code, evidence, kind, earlier, order))
+        name, thing, code = stated[s][asked[s]]
+        questions.append(_question(len(questions), name, thing, code, fact_turns[asked[s]], "first"))
     return Conversation(f"reuse-{index}", SPEAKERS[0], SPEAKERS[1], session_list, questions)
 
 
-def _ask(name: str, thing: str) -> str:
-    return f"What is the code of {name}'s {thing}?"
-
-
-def _told(name: str, thing: str, code: str) -> str:
-    """The gold answer sentence, as the history records it after a question (``synthetic.task.sentence_answer``)."""
-    return f"The code of {name}'s {thing} is {code}."
+def _statement(name: str, thing: str, code: str) -> str:
+    """A code's statement, and its control's restatement. The lead-in makes the control's statement line (between
+    the used code's statement and the control's) as long in SmolLM2's tokens as what lies between the used code's
+    answer and the control's restatement (the answer sentence and the next session's opening): the two first-use
+    distances of a pair then differ by a token or two."""
+    return f"Please note this down for me, Alex: the code of {name}'s {thing} is {code}."
 
 
 def _question(
     index: int, name: str, thing: str, code: str, evidence: list[str], kind: str, pair: int = 0, order: int = 0
 ) -> Question:
-    return Question(index, _ask(name, thing), code, evidence, 0, None, kind, pair, order)
+    return Question(index, f"What is the code of {name}'s {thing}?", code, evidence, 0, None, kind, pair, order)

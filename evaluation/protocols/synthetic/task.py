@@ -18,6 +18,7 @@ from evaluation.protocols.options import whole
 from evaluation.protocols.protocol import SAMPLED
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session
+from evaluation.protocols.streaming.placements import asked_after_session
 from evaluation.protocols.streaming.protocol import register_task
 from evaluation.protocols.streaming.task import StreamTask
 from evaluation.protocols.synthetic import memory, multiquery, reuse
@@ -139,23 +140,35 @@ def multiquery_settings(args: argparse.Namespace) -> GeneratedSettings:
     return streamed({"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes})
 
 
+def plain_stream(conversation: Conversation, number: int) -> str:
+    """Session ``number``, the exchanges asked after it and the next session, as the plain framing streams them:
+    a session or a question after a newline, its gold answer after a space and before a newline."""
+    text = "\n" + render_session(conversation.sessions[number - 1])
+    for question in conversation.questions:
+        if asked_after_session(conversation, question) == number:
+            text += f"\n{question.question} {sentence_answer(question)}\n"
+    if number < len(conversation.sessions):
+        text += "\n" + render_session(conversation.sessions[number])
+    return text
+
+
 def first_use_distance(conversation: Conversation, question: Question, tokenizer: PreTrainedTokenizerBase) -> int:
     """Positions from the last token of a code's statement to the first token of its first use: the first ask's
-    answer (a used code) or the session's own answer line about it (a control), in the history as the plain
-    framing renders it (a session, then the question after a newline; a chat template adds a few tokens between
-    them). A commit lag H counts that use in the code's demonstrated utility when this is at most H."""
+    answer (a used code) or the next session's restatement of it (a control), in the history as the plain framing
+    renders it (``plain_stream``; a chat template adds a few tokens between the parts). A commit lag H counts that
+    use in the code's demonstrated utility when this is at most H."""
     number, turn = (int(part) for part in question.evidence[0].removeprefix("D").split(":"))
-    session = conversation.sessions[number - 1]
-    text = render_session(session)
-    statement = session.turns[turn - 1]
+    text = plain_stream(conversation, number)
+    statement = conversation.sessions[number - 1].turns[turn - 1]
     start = text.index(f'"{statement.text}"') + len(statement.text) + 2
     if question.kind == "fresh":
-        use = session.turns[int(question.evidence[1].split(":")[1]) - 1]
-        between = text[start : text.index(f'{use.speaker} said, "{use.text}"')]
+        following, again = (int(part) for part in question.evidence[1].removeprefix("D").split(":"))
+        use = conversation.sessions[following - 1].turns[again - 1]
+        end = text.index(f'{use.speaker} said, "{use.text}"', start)
     else:
         asked = next(q for q in conversation.questions if q.kind == "first" and q.question == question.question)
-        between = text[start:] + "\n" + asked.question
-    return len(tokenizer.encode(between, add_special_tokens=False)) + 1
+        end = text.index(f"\n{asked.question} ", start) + len(asked.question) + 1
+    return len(tokenizer.encode(text[start:end], add_special_tokens=False)) + 1
 
 
 def reuse_fields(conversation: Conversation, question: Question, tokenizer: PreTrainedTokenizerBase) -> dict:
@@ -199,8 +212,9 @@ REUSE = StreamTask(
     name="reuse",
     help="endogenous reuse: a code used at one turn is asked again sessions later, against matched controls",
     description="Generate (from --seed) conversations that state lock codes session by session; each "
-    "session's code asked once (first), asked again --lag sessions later (reuse), and a same-age code never "
-    "asked before (fresh, the control). Streamed like LoCoMo's evidence placement, every press at every budget.",
+    "session's code asked once (first), asked again --lag sessions later (reuse), and a same-age code stated "
+    "again where the used one is answered, never asked before (fresh, the control). Streamed like LoCoMo's "
+    "evidence placement, every press at every budget.",
     load=lambda config: generated(config, reuse.reuse_episodes),
     header=header,
     render_session=render_session,

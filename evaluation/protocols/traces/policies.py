@@ -12,9 +12,11 @@ At step t a policy evicts one of the held positions 0..t of each group. Every po
   an H2O-style recent window;
 - RMM, whose smoother carries state from step to step, is driven one arrival at a time as ``DecodingPress``
   drives it (``StreamedPress``): the lag sweep measures the very press users run. Beside each finite lag H > 0
-  runs its recency control, ``recent_window(h2o,window=H)``: the same H newest positions protected (RMM's
-  provisional buffer), the rest ranked by H2O's score (accumulated attention, as a mean over the rows that saw
-  it), so that the sweep separates the commit lag from recency (at H = 0 the control is ``h2o`` itself).
+  runs its commit-lag control, ``recent_window(rmm,window=H)`` (``WindowedRMMPolicy``): the same H newest
+  positions protected (RMM's provisional buffer), the rest ranked by RMM's own full-horizon score, the
+  correctness-weighted utility of ``rmm`` (``lag=None``) over every row so far; so the two differ only in the
+  horizon of the committed ranking, and the sweep separates the commit lag from recency (at H = 0 the control is
+  ``rmm`` itself).
 
 Belady knows the future.
 """
@@ -29,11 +31,12 @@ from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
 from kvpress.presses.base_press import BasePress
 
 from evaluation.catalogue.budgets import Budget
-from evaluation.catalogue.needs import budget_refusal, needs, protected
+from evaluation.catalogue.needs import Protected, budget_refusal, needs, protected
 from evaluation.catalogue.resolved import resolve_press
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.protocols.traces.streamed import StreamedPress
 from presses import RMMPress, TOVAPress
+from presses.smoother import MARK_DIMS, Smoother
 
 LAG_SWEEP = (0, 1, 4, 16, 64, 256)
 PROTECTED = torch.finfo(torch.float32).max  # +inf scores (never evict) stay above every unheld position
@@ -144,6 +147,41 @@ class StreamedPolicy(Policy):
         return before[gone]
 
 
+@dataclass
+class WindowedRMMPolicy(Policy):
+    """RMM's full-horizon score with the ``window`` newest positions protected: at ``window`` = H, the commit-lag
+    control of ``rmm(lag=H)``; at 0, ``rmm`` itself.
+
+    The score is ``rmm``'s (``RMMPress(lag=None)``), ranked through RMM's ``Smoother``: every row t >= k weighted
+    by the trace's teacher-forced correctness w(t), summed and divided by the rows counted. The window is
+    ``RecentWindowPress``'s rule (the newest positions score +inf), which cannot wrap ``RMMPress`` itself (its
+    smoother must follow its own evictions); ties keep the older position, as RMM's commit rule does."""
+
+    name: str
+    window: int
+    sums: torch.Tensor | None = field(default=None, init=False, repr=False)  # (groups, length): sum of w(t) a(t -> k)
+
+    def refusal(self, budget: int) -> str:
+        return budget_refusal([Protected("RecentWindowPress", "window", self.window)], budget)
+
+    def start(self, trace: LayerTrace, budget: int) -> None:
+        self.sums = (trace.rows[:, :budget] * trace.correct[:budget, None]).sum(1)
+
+    def evict(self, trace: LayerTrace, t: int, held: torch.Tensor) -> torch.Tensor:
+        self.sums += trace.correct[t] * trace.rows[:, t]
+        scores = self.scores(trace, t).clamp(max=PROTECTED).masked_fill(~held, float("inf"))
+        return t - scores.flip(-1).argmin(-1)
+
+    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
+        """The scores once step t's row is counted (``evict`` counts it)."""
+        positions = torch.arange(t + 1).expand(1, trace.groups, -1)
+        smoother = Smoother.start(None, positions, torch.zeros(*positions.shape, MARK_DIMS))
+        smoother.set_sums(self.sums[None, :, : t + 1].float())
+        scores = smoother.scores()[0]
+        scores[:, t + 1 - self.window :] = float("inf")
+        return scores
+
+
 class BeladyPolicy(Policy):
     """Belady's offline optimum: evict the position whose next use is farthest in the future."""
 
@@ -157,7 +195,7 @@ def default_policies(h2o_window: int = H2O_WINDOW) -> list[Policy]:
     return [
         PressPolicy("tova", TOVAPress(per_kv_group=True)),
         PressPolicy("h2o", ObservedAttentionPress()),
-        *([PressPolicy.of(recency_control(h2o_window))] if h2o_window else []),
+        *([PressPolicy.of(recent_h2o(h2o_window))] if h2o_window else []),
         PressPolicy("snapkv", SnapKVPress()),
         PressPolicy("streaming_llm", StreamingLLMPress()),
         StreamedPolicy("rmm", None),
@@ -170,14 +208,18 @@ def sweep_name(lag: int | None) -> str:
     return f"rmm(lag={lag})"
 
 
-def recency_control(window: int) -> str:
-    """The spec of H2O with its ``window`` newest positions protected: at ``window`` = H, the control of
-    ``rmm(lag=H)``."""
+def recent_h2o(window: int) -> str:
+    """The spec of H2O with its ``window`` newest positions protected (``RecentWindowPress``)."""
     return f"recent_window(h2o,window={window})"
 
 
-def lag_sweep(h2o_window: int = H2O_WINDOW) -> list[Policy]:
-    """RMM at every lag of the sweep and, beside each finite lag H > 0, its recency control (one policy per name:
-    the control at ``h2o_window`` is a default policy already)."""
-    controls = [PressPolicy.of(recency_control(lag)) for lag in LAG_SWEEP if lag and lag != h2o_window]
+def lag_control(lag: int) -> str:
+    """The name of ``rmm(lag=H)``'s commit-lag control at H = ``lag``: ``rmm``'s score, the ``lag`` newest
+    protected (``WindowedRMMPolicy``)."""
+    return f"recent_window(rmm,window={lag})"
+
+
+def lag_sweep() -> list[Policy]:
+    """RMM at every lag of the sweep and, beside each finite lag H > 0, its commit-lag control."""
+    controls = [WindowedRMMPolicy(lag_control(lag), lag) for lag in LAG_SWEEP if lag]
     return [StreamedPolicy(sweep_name(lag), lag) for lag in LAG_SWEEP] + controls

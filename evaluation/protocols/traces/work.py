@@ -25,21 +25,29 @@ from evaluation.protocols.traces.policies import (
     LayerTrace,
     Policy,
     default_policies,
+    lag_control,
     lag_sweep,
-    recency_control,
+    recent_h2o,
     sweep_name,
 )
 from evaluation.protocols.traces.protocol import BENCHMARK, METRICS, SUMMARY, TraceRow, Traces, TracesConfig
 from evaluation.protocols.traces.record import Trace, load_or_record, source_file, source_text, trace_name
 from evaluation.protocols.traces.replay import Replay, recent_share, replay
+from evaluation.protocols.traces.tova_claims import (
+    FIRST,
+    FIRST_HELD,
+    RECENT,
+    RECENT_HELD,
+    RECENT_SHARE,
+    tova_claims,
+    tova_table,
+)
 from evaluation.reporting.scorecard import save_figure, scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
 from evaluation.runs.record import fingerprint
 from evaluation.runs.store import ResultStore
 from evaluation.runs.terminal import interactive
-
-RECENT, FIRST = 64, 4  # the TOVA seed's claim: the 64 most recent and the 4 first positions stay held
 
 
 def held_counts(held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,9 +69,7 @@ def metric_rows(trace: Trace, policy: Policy, budget: int, result: Replay) -> li
     for metric in METRICS:
         values = per_layer(getattr(result, metric), layers)
         rows.append({**common, "metric": metric, "score": sum(values) / layers, "per_layer": values})
-    rows[0].update(
-        {f"recent_{RECENT}_held": per_layer(recent, layers), f"first_{FIRST}_held": per_layer(first, layers)}
-    )
+    rows[0].update({RECENT_HELD: per_layer(recent, layers), FIRST_HELD: per_layer(first, layers)})
     return rows
 
 
@@ -77,7 +83,7 @@ def summary_row(trace: Trace, spec: str, stacked: LayerTrace) -> TraceRow:
         "text": spec,
         "length": trace.length,
         "teacher_forced_accuracy": float(trace.correct[:-1].mean()),
-        f"recent_{RECENT}_attention_share": per_layer(recent_share(stacked, RECENT), len(trace.layers)),
+        RECENT_SHARE: per_layer(recent_share(stacked, RECENT), len(trace.layers)),
     }
 
 
@@ -112,13 +118,14 @@ def unit_keys(config: TracesConfig, spec: str) -> frozenset:
 
 def replay_cells(config: TracesConfig) -> list[tuple[Policy, int]]:
     """Every policy (the lag sweep included) at every budget it can run at."""
-    policies = default_policies(config.h2o_window) + lag_sweep(config.h2o_window)
+    policies = default_policies(config.h2o_window) + lag_sweep()
     return [(policy, budget) for budget in config.budgets for policy in policies if not policy.refusal(budget)]
 
 
 def plot_lag_sweep(path: Path, summary: pd.DataFrame, labels: list[str]) -> None:
-    """Hit rate against the commit lag, a line per budget, its recency controls (the lag's newest positions
-    protected, H2O's ranking for the rest) as hollow squares, and TOVA, H2O and Belady as horizontal lines."""
+    """Hit rate against the commit lag, a line per budget, its commit-lag controls (the lag's newest positions
+    protected, ``rmm``'s full-horizon ranking for the rest) as hollow squares, and TOVA, H2O and Belady as
+    horizontal lines."""
     hits = summary[summary["condition"] == "hit_rate"].set_index(["budget", "press"])["mean"]
     figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
     axes = figure.add_subplot()
@@ -128,7 +135,7 @@ def plot_lag_sweep(path: Path, summary: pd.DataFrame, labels: list[str]) -> None
             continue
         line = axes.plot([max(lag, 0.5) for lag, _ in points], [s for _, s in points], marker="o", label=label)[0]
         controls = [
-            (lag, hits[label, name]) for lag in LAG_SWEEP if lag and (label, name := recency_control(lag)) in hits.index
+            (lag, hits[label, name]) for lag in LAG_SWEEP if lag and (label, name := lag_control(lag)) in hits.index
         ]
         axes.plot(
             [lag for lag, _ in controls],
@@ -145,7 +152,7 @@ def plot_lag_sweep(path: Path, summary: pd.DataFrame, labels: list[str]) -> None
     axes.set_xlabel("RMM commit lag H (0 drawn at 0.5)")
     axes.set_ylabel("hit rate on Belady's requests")
     axes.set_title(
-        "lag sweep (circles) and its recency controls, H2O with the H newest protected (hollow squares);\n"
+        "lag sweep (circles) and its controls, rmm's full-horizon score with the H newest protected (hollow squares);\n"
         "horizontal lines: TOVA (dotted), H2O (dashed), Belady (dash-dot)",
         fontsize=9,
     )
@@ -190,12 +197,14 @@ def plan(protocol: Traces, config: TracesConfig) -> Plan:
 def write_scorecard(protocol: Traces, config: TracesConfig, rows: list[dict]) -> None:
     output, budgets, h2o_window = config.output, config.budgets, config.h2o_window
     labels = [Budget("tokens", b).label for b in budgets]
-    policies = [p.name for p in default_policies(h2o_window) + lag_sweep(h2o_window)]
+    policies = [p.name for p in default_policies(h2o_window) + lag_sweep()]
     summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
     note = (
         "Trace metrics, mean over layers; each cell: mean [95% bootstrap interval over traces] (n traces). With "
         "two texts an interval describes those two texts, not a population."
     )
-    write_card(output, summary, f"Traces: {output.name}", note, REFERENCE, policies, labels)
+    window = recent_h2o(h2o_window) if h2o_window else None
+    appendix = tova_table(tova_claims(rows, budgets, window), window)
+    write_card(output, summary, f"Traces: {output.name}", note, REFERENCE, policies, labels, appendix)
     plot_lag_sweep(output / "lag_sweep.png", summary, labels)
     controlled.run(output)
