@@ -44,17 +44,21 @@ def test_the_committed_rows_hold_the_default_generations_gold_facts_and_answers(
         assert tuple(FACTS - rank for rank in row["gold_ranks"]) == probe.gold and row["answer"] == probe.answer
 
 
-def test_middle_placement_puts_the_gold_facts_at_7_and_9_and_keeps_everything_else():
+def test_middle_placement_puts_the_gold_facts_at_7_and_9_in_their_order_and_keeps_everything_else():
     assert MIDDLE == (6, 8)
+    orders = set()
     for shuffled, middle in zip(probes(3, 200), probes(3, 200, "middle"), strict=True):
-        assert middle.gold == MIDDLE
+        home_first = shuffled.gold[0] < shuffled.gold[1]
+        orders.add(home_first)
+        assert middle.gold == (MIDDLE if home_first else MIDDLE[::-1])
         assert (middle.question, middle.answer, middle.bridge) == (shuffled.question, shuffled.answer, shuffled.bridge)
-        assert solve(middle.facts, middle.question) == (middle.answer, MIDDLE)
-        home, flag = middle.facts[6], middle.facts[8]
+        assert solve(middle.facts, middle.question) == (middle.answer, middle.gold)
+        home, flag = middle.facts[middle.gold[0]], middle.facts[middle.gold[1]]
         assert LIVES.match(home) and home.endswith(f" {middle.bridge}.") and flag.endswith(f" {middle.answer}.")
         assert (home, flag) == (shuffled.facts[shuffled.gold[0]], shuffled.facts[shuffled.gold[1]])
         distractors = [f for i, f in enumerate(shuffled.facts) if i not in shuffled.gold]
         assert [f for i, f in enumerate(middle.facts) if i not in MIDDLE] == distractors
+    assert orders == {True, False}  # both gold orders occur, as in the shuffled probes
     with pytest.raises(ValueError, match="no gold-fact placement"):
         probes(0, 1, "edge")
 

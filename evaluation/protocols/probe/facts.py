@@ -5,8 +5,9 @@ Oslo is red."), over eight people, eight cities and eight colours, each used onc
 and asks for the colour of the flag of that person's city, so its answer chains two facts (the person's home, then
 that city's flag) and the other fourteen, of the same two forms, are distractors. The facts come in a shuffled
 order; where the two gold facts then stand is the placement's (``PLACEMENTS``): ``shuffled`` leaves them there,
-``middle`` moves them to the fixed middle positions ``MIDDLE`` with the distractors in their shuffled order around
-them, so the same seed and index give the same facts, question and distractor order under either placement.
+``middle`` moves them to the fixed middle positions ``MIDDLE``, in the order the shuffle gave them (home first or flag
+first), with the distractors in their shuffled order around them, so the same seed and index give the same facts,
+question, gold order and distractor order under either placement: only the gold facts' positions differ.
 Everything is drawn from ``random.Random(f"probe:{seed}:{index}")``: the same seed gives the same probes.
 """
 
@@ -28,7 +29,7 @@ EXAMPLE_FACTS = ("Tom lives in Bern.", "The flag of Bern is pink.", "Ann lives i
 EXAMPLE_QUESTION = "What colour is the flag of the city where Ann lives?"
 EXAMPLE_REASONING = "Ann lives in Rome. The flag of Rome is grey. So the answer is grey."
 EXAMPLE_ANSWER = "grey."
-MIDDLE = (6, 8)  # 0-based: the home fact 7th and the flag fact 9th of the 16, one distractor between them
+MIDDLE = (6, 8)  # 0-based: the gold facts 7th and 9th of the 16, in their shuffled order, one distractor between
 SHUFFLED = "shuffled"
 Placement = Callable[[list[str], tuple[str, str]], list[str]]  # the shuffled facts, the gold (home, flag) -> order
 
@@ -57,9 +58,9 @@ def gold_answer(probe: Probe, reasoning: bool) -> str:
 
 
 def in_middle(facts: list[str], gold: tuple[str, str]) -> list[str]:
-    """The distractors in their order, with the gold facts (home, flag) inserted at ``MIDDLE``."""
+    """The distractors in their order, with the gold facts inserted at ``MIDDLE`` in the order ``facts`` holds them."""
     placed = [fact for fact in facts if fact not in gold]
-    for position, fact in sorted(zip(MIDDLE, gold, strict=True)):
+    for position, fact in zip(MIDDLE, sorted(gold, key=facts.index), strict=True):
         placed.insert(position, fact)
     return placed
 

@@ -78,7 +78,8 @@ def position_section(rows: list[ProbeRow], presses: list[str], budgets: list[str
         f"correctly and by the older gold fact's recency rank (1: the newest of the {BINS[-1][1]} facts), read from "
         "the recency rows' gold ranks; each cell: mean [95% bootstrap interval over probes] (n probes). Within one "
         "bin both splits hold the older gold fact in the same few places, so a scorer's rise from the incorrectly "
-        "to the correctly answered probes of a bin is not recency. The older gold fact's mean recency rank: "
+        "to the correctly answered probes of a bin is not what the recency scorer finds at that k (the bins are "
+        "coarse: compare their n). The older gold fact's mean recency rank: "
         + ("; ".join(means) or "no recency rows")
         + "."
     )
