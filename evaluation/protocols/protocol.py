@@ -175,6 +175,20 @@ class Protocol(ABC, Generic[C]):
         """The scorecard of ``rows`` under the run's folder."""
         self.work().write_scorecard(self, config, rows)
 
+    def options_of(self, settings: dict) -> dict:
+        """The option values (by destination) that configure a run with the recorded ``settings`` (run.json's
+        ``config``): a setting recorded under its option's name is that option's value; a protocol that records one
+        otherwise (a budget key, a folder it resolved) gives it here. ``evaluation.protocols.reproduce`` checks
+        the configuration they rebuild against every recorded setting."""
+        return dict(settings)
+
+    def steps(self, config: C, unit: Unit) -> list[frozenset]:
+        """The keys of ``unit`` in the order its work stores them, grouped so that the work can stop after any group
+        with the rows so far equal to the whole unit's (a streamed question's cells, decoded as one batch); one
+        group where only the whole unit is (its cells run together). A reproduced sample may be a prefix of
+        them."""
+        return [unit.keys]
+
     def work(self) -> ModuleType:
         return importlib.import_module(self.implementation or type(self).__module__)
 

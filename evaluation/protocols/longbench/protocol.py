@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typing_extensions import NotRequired
 
-from evaluation.catalogue.budgets import parse_budgets
+from evaluation.catalogue.budgets import budget_of, parse_budgets
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
 from evaluation.protocols.options import fraction, whole
@@ -132,6 +132,12 @@ class LongBench(Protocol[LongBenchConfig]):
             likelihood_only=args.likelihood_only,
             max_new_tokens=args.max_new_tokens,
         )
+
+    def options_of(self, settings: dict) -> dict:
+        budgets = [budget_of(key) for key in settings.get("budgets", [])]
+        ratios = [budget.value for budget in budgets if budget.kind == "ratio"]
+        tokens = [int(budget.value) for budget in budgets if budget.kind == "tokens"]
+        return {**settings, "data": settings.get("data_dir"), "ratios": ratios, "budgets": tokens}
 
     def row_key(self, row: LongBenchRow) -> tuple[str, str, str, str]:
         return row["task"], row["id"], row["press"], row["budget"]

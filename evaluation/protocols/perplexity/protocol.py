@@ -99,6 +99,15 @@ class Perplexity(Protocol[PerplexityConfig]):
             allow_import=args.allow_import,
         )
 
+    def options_of(self, settings: dict) -> dict:
+        budgets = [budget["value"] for budget in settings.get("budgets", [])]
+        return {
+            **settings,
+            "data": settings.get("data_root"),
+            "text_file": settings.get("text_files"),
+            "budgets": budgets,
+        }
+
     def row_key(self, row: PerplexityRow) -> tuple[str, str, str]:
         return row["text"], row["press"], row["budget"]
 

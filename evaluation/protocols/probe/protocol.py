@@ -30,6 +30,7 @@ from evaluation.protocols.options import whole
 from evaluation.protocols.probe.facts import FACTS, MIDDLE, PLACEMENTS, SHUFFLED
 from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
+from evaluation.runs.backends import Unit
 from evaluation.runs.models import ModelSettings
 
 RECENCY = "recency"
@@ -125,6 +126,13 @@ class Probes(Protocol[ProbeConfig]):
     def record_defaults(self) -> dict:
         """A run recorded before ``--gold-positions`` existed placed its gold facts where the shuffle put them."""
         return {**super().record_defaults(), "gold_positions": SHUFFLED}
+
+    def options_of(self, settings: dict) -> dict:
+        return {**settings, "no_reasoning": not settings.get("reasoning", True)}
+
+    def steps(self, config: ProbeConfig, unit: Unit) -> list[frozenset]:
+        """One group per probe: a probe's rows come from its own prefill and answer alone."""
+        return [frozenset(key for key in unit.keys if key[0] == probe.index) for probe in unit.payload]
 
     def row_key(self, row: ProbeRow) -> tuple[int, str, str]:
         return row_key(row)

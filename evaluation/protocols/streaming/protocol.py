@@ -11,11 +11,12 @@ from typing import get_type_hints
 
 from typing_extensions import NotRequired
 
-from evaluation.catalogue.budgets import parse_budgets
+from evaluation.catalogue.budgets import budget_of, parse_budgets
 from evaluation.protocols.options import whole
 from evaluation.protocols.protocol import LIKELIHOOD, Protocol, Row, register, scores_settings
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.task import StreamTask
+from evaluation.runs.backends import Unit
 from evaluation.runs.models import ModelSettings
 
 
@@ -123,6 +124,13 @@ class Streamed(Protocol[StreamConfig]):
     def record_defaults(self) -> dict:
         # what older runs did not record
         return {**ModelSettings().record(), "task": "locomo", "episodes": {}, "likelihood_only": False}
+
+    def options_of(self, settings: dict) -> dict:
+        tokens = [int(budget_of(key).value) for key in settings.get("budgets", [])]
+        return {**settings, **self.task.options_of(settings.get("episodes") or {}), "budgets": tokens}
+
+    def steps(self, config: StreamConfig, unit: Unit) -> list[frozenset]:
+        return self.work().steps(self, config, unit)
 
     def row_key(self, row: QuestionRow) -> tuple[str, int, str, str]:
         return row_key(row)

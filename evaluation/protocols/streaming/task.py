@@ -53,6 +53,8 @@ class StreamTask:
     told: Callable[[Question], bool] = field(default=lambda question: False)
     # whether each row records the share of (layer, KV head) slots whose cache still holds a copy of the answer
     retention: bool = False
+    # the option values of a recorded ``episodes`` setting (a generator's): the inverse of ``settings`` for them
+    options_of: Callable[[dict], dict] = field(default=lambda episodes: dict(episodes))
 
     def text(self, conversation: Conversation, sessions: list[Session]) -> str:
         return self.header(conversation) + "".join(self.render_session(session) for session in sessions)

@@ -178,6 +178,13 @@ def plan(protocol: Streamed, config: StreamConfig) -> Plan:
     return Plan(units, work, settings, ("data_fingerprint",), f"{summary}, {decoding}")
 
 
+def steps(protocol: Streamed, config: StreamConfig, unit: Unit) -> list[frozenset]:
+    """One group per answered question, in the order the stream asks them: a question's cells are decoded as one
+    batch from the history streamed so far, so the rows of the first questions are the whole stream's."""
+    questions = answered(protocol, unit.payload, config)
+    return [frozenset(key for key in unit.keys if key[1] == question.index) for question in questions]
+
+
 ANSWER_HELD = Metric(
     "answer held", "% of layer x KV head slots holding a copy of the answer", 1, 100, field="retention", output=None
 )  # where a task records retention; equal shares, not equal predictions, make two presses identical

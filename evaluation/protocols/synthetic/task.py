@@ -140,6 +140,12 @@ def multiquery_settings(args: argparse.Namespace) -> GeneratedSettings:
     return streamed({"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes})
 
 
+def multiquery_options(episodes: dict) -> dict:
+    """The options of a recorded multiquery generator (``multiquery_settings``'s inverse)."""
+    options = {key: value for key, value in episodes.items() if key != "per_length"}
+    return options | ({"episodes": episodes["per_length"]} if "per_length" in episodes else {})
+
+
 def plain_stream(conversation: Conversation, number: int) -> str:
     """Session ``number``, the exchanges asked after it and the next session, as the plain framing streams them:
     a session or a question after a newline, its gold answer after a space and before a newline."""
@@ -251,6 +257,7 @@ MULTIQUERY = StreamTask(
     metric="Accuracy (%, string match of the number)",
     add_options=add_multiquery_options,
     settings=multiquery_settings,
+    options_of=multiquery_options,
     presses=PRESSES,
     budgets=(1024, 2048),
     max_new_tokens=24,

@@ -19,6 +19,7 @@ from evaluation.protocols.options import probability, whole
 from evaluation.protocols.protocol import DEFINES, DEFINING, SAMPLE, SCORES, Protocol, Row, register
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.reporting.conditions import Benchmark
+from evaluation.runs.backends import Unit
 from evaluation.runs.data_location import shared_data
 from evaluation.runs.models import ModelSettings
 
@@ -124,6 +125,12 @@ class Traces(Protocol[TracesConfig]):
             data_root=args.data,
             output=output,
         )
+
+    def options_of(self, settings: dict) -> dict:
+        return {**settings, "data": settings.get("data_root")}
+
+    def steps(self, config: TracesConfig, unit: Unit) -> list[frozenset]:
+        return self.work().steps(config, unit)
 
     def row_key(self, row: TraceRow) -> tuple[str, str, str, str]:
         return row_key(row)

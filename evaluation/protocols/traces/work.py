@@ -116,6 +116,17 @@ def unit_keys(config: TracesConfig, spec: str) -> frozenset:
     return frozenset(keys | {(name, "", "", SUMMARY)})
 
 
+def steps(config: TracesConfig, unit: Unit) -> list[frozenset]:
+    """The trace's summary, then each policy x budget's metrics in the order ``run_trace`` replays them (each
+    replay reads the trace alone)."""
+    name = trace_name(config.model.name, unit.payload, config.length, config.per_kv_group)
+    replays = [
+        frozenset((name, p.name, Budget("tokens", b).key, metric) for metric in METRICS)
+        for p, b in replay_cells(config)
+    ]
+    return [frozenset({(name, "", "", SUMMARY)}), *replays]
+
+
 def replay_cells(config: TracesConfig) -> list[tuple[Policy, int]]:
     """Every policy (the lag sweep included) at every budget it can run at."""
     policies = default_policies(config.h2o_window) + lag_sweep()
