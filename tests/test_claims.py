@@ -26,9 +26,15 @@ INTERVAL = re.compile(r"[+-]?\d+\.\d+%? \[[+-]?\d+\.\d+, [+-]?\d+\.\d+\]")
 
 
 @cache
-def card(run: str) -> dict[tuple[str, str, str], dict]:
+def card(run: str, metric: str = "") -> dict[tuple[str, str, str], dict]:
+    """The scorecard's cells of ``metric``, or of every metric with the first one's cell where two share a key (the
+    task's own score before the answer's likelihood)."""
+    cells: dict[tuple[str, str, str], dict] = {}
     with (RESULTS / run / "scorecard.csv").open() as handle:
-        return {(r["condition"], r["budget"], r["press"]): r for r in csv.DictReader(handle)}
+        for r in csv.DictReader(handle):
+            if not metric or r.get("metric") == metric:
+                cells.setdefault((r["condition"], r["budget"], r["press"]), r)
+    return cells
 
 
 @cache

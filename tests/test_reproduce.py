@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli.main import main
+from evaluation.cli.reproduce import first_difference, sample
 from evaluation.protocols.protocol import Plan
-from evaluation.protocols.reproduce import first_difference, sample
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import ModelSettings
 from tests.helpers import SHARED_DATA

@@ -18,7 +18,7 @@ from evaluation.protocols.streaming.episodes import Question, Session
 from evaluation.protocols.streaming.placements import asked_after_session
 from evaluation.protocols.synthetic.memory import memory_episodes
 from evaluation.protocols.synthetic.multiquery import multiquery_episodes
-from evaluation.protocols.synthetic.reuse import reuse_episodes
+from evaluation.protocols.synthetic.reuse import PAUSE, reuse_episodes
 from evaluation.protocols.synthetic.task import (
     MULTIQUERY,
     REUSE,
@@ -28,7 +28,7 @@ from evaluation.protocols.synthetic.task import (
     spec_lag,
     string_match,
 )
-from evaluation.runs.models import SMOLLM2_ALIAS, local_model
+from evaluation.runs.models import BYTE_CHAT_TEMPLATE, SMOLLM2_ALIAS, local_model
 from tests.helpers import byte_tokenizer, saved_chat_model
 
 
@@ -110,7 +110,8 @@ def test_the_control_is_restated_as_stated_right_after_the_used_codes_answer():
             after = [q for q in questions if asked_after_session(conversation, q) == stated.number]
             assert after[-1] == first, "the used code's answer is the last thing before the restatement"
             used, used_at = turn_at(conversation, first.evidence[0])
-            assert used.number == stated.number and at == used_at + 1
+            assert used.number == stated.number and at == used_at + 2
+            assert (stated.turns[at - 1].speaker, stated.turns[at - 1].text) == ("Alex", PAUSE), "the pause between"
 
 
 def turn_at(conversation, dia_id: str) -> tuple[Session, int]:
@@ -130,43 +131,77 @@ def test_the_order_of_asking_alternates_so_each_side_of_a_pair_comes_first_equal
     assert len(firsts) == 60 and firsts.count("reuse") == firsts.count("fresh")
 
 
-def test_the_first_use_distance_counts_the_tokens_between_a_code_and_its_use():
-    """With a byte tokenizer a token is a byte: in the plain history (a session, then each question after a
-    newline and its answer after a space), the positions from the statement's last byte to the use's first byte:
-    the first ask's answer for a used code, the next session's restatement for its control."""
-    tokenizer = byte_tokenizer()
-    conversation = reuse_episodes(1, 1)[0]
-    for question in (q for q in conversation.questions if q.kind in ("reuse", "fresh")):
-        number = int(question.evidence[0][1:].split(":")[0])
-        stream = "\n" + REUSE.render_session(conversation.sessions[number - 1])
-        for asked in (q for q in conversation.questions if asked_after_session(conversation, q) == number):
-            stream += "\n" + asked.question
-            if asked.kind == "first" and asked.question == question.question:
-                use = len(stream)
-            stream += " " + sentence_answer(asked) + "\n"
-        statement = f'note this down for me, Alex: the code of {question.question[20:-1]} is {question.answer}."'
-        last = stream.index(statement) + len(statement) - 1
-        if question.kind == "fresh":
-            opening = "\n" + REUSE.render_session(conversation.sessions[number])
-            use = len(stream) + opening.index(f'Sam said, "Please {statement}')
-        assert first_use_distance(conversation, question, tokenizer) == use - last, question.kind
+def chat_text(conversation, number: int, tokenizer) -> str:
+    """The conversation through session ``number + 1`` as the tokenizer's chat template renders it whole: the header
+    as the system message, each session a user message, each question asked after it a user message and its gold
+    answer the assistant's; without a template, the plain framing (a session or a question after a newline, an
+    answer after a space and before a newline)."""
+    messages = [{"role": "system", "content": REUSE.header(conversation)}]
+    for session in conversation.sessions[: number + 1]:
+        messages.append({"role": "user", "content": REUSE.render_session(session)})
+        for asked in (q for q in conversation.questions if asked_after_session(conversation, q) == session.number):
+            messages += [{"role": "user", "content": asked.question}]
+            messages += [{"role": "assistant", "content": sentence_answer(asked)}]
+    if tokenizer.chat_template is not None:
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    plain = {"system": "{}", "user": "\n{}", "assistant": " {}\n"}
+    return "".join(plain[m["role"]].format(m["content"]) for m in messages)
 
 
-@pytest.mark.parametrize(
-    ("seed", "episodes", "settings"), [(0, 10, {}), (1, 10, {}), (0, 8, {"sessions": 8, "facts": 4, "lag": 3})]
-)
-def test_a_used_code_and_its_control_are_first_used_at_matched_distances(seed, episodes, settings):
-    """In SmolLM2's tokens (the runs' model; ``make eval-reuse``'s episodes first), each pair's two first-use
-    distances differ by at most 2 positions, and their medians by at most 1 (the old control: 123 and 82.5)."""
+def code_span(conversation, question, text: str) -> tuple[int, int]:
+    """Where, in ``text``, the code's statement ends (its last character) and its first use's copy of the code
+    begins: the first ask's answer sentence for a used code, the statement's second occurrence for a control."""
+    number = int(question.evidence[0][1:].split(":")[0])
+    statement = f'"Please note this down for me, Alex: the code of {question.question[20:-1]} is {question.answer}."'
+    opening = text.index(REUSE.render_session(conversation.sessions[number - 1]))
+    last = text.index(statement, opening) + len(statement) - 2
+    if question.kind == "fresh":
+        return last, text.index(statement, last) + statement.rindex(question.answer)
+    answer = sentence_answer(question)
+    return last, text.index(answer, last) + answer.rindex(question.answer)
+
+
+def test_the_first_use_distance_counts_bytes_in_the_plain_and_the_chat_framing():
+    """With a byte tokenizer a token is a byte, and a special token of the chat template ("<s>", "</s>") one token:
+    the positions from the statement's last byte to the first byte of the code's second copy."""
+    for template in (None, BYTE_CHAT_TEMPLATE):
+        tokenizer = byte_tokenizer(template)
+        conversation = reuse_episodes(1, 1)[0]
+        for question in (q for q in conversation.questions if q.kind in ("reuse", "fresh")):
+            text = chat_text(conversation, int(question.evidence[0][1:].split(":")[0]), tokenizer)
+            last, use = code_span(conversation, question, text)
+            expected = len(re.sub("</?s>", "#", text[last:use]))
+            assert first_use_distance(conversation, question, tokenizer) == expected, (template, question.kind)
+
+
+def smollm2_tokenizer():
     folder = local_model(SMOLLM2_ALIAS)
     if folder is None:
         pytest.skip("the offline SmolLM2 is not converted yet (any run with --model smollm2-135m converts it)")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.mark.parametrize(
+    ("seed", "episodes", "settings"),
+    [(0, 10, {}), (1, 10, {}), (2, 10, {}), (0, 8, {"sessions": 8, "facts": 4, "lag": 3})],
+)
+def test_a_used_code_and_its_control_are_first_used_at_matched_distances(seed, episodes, settings):
+    """In the stream a run builds with SmolLM2 (the runs' model, its chat template; ``make eval-reuse``'s episodes
+    first), counted independently (the whole conversation rendered by the template and encoded at once): each
+    distance is as ``first_use_distance`` records it, a pair's two differ by at most 2 positions, and their medians
+    by at most 1 (before the pause: the control 16 tokens further in every pair)."""
+    tokenizer = smollm2_tokenizer()
     distances: dict[str, list[int]] = {"reuse": [], "fresh": []}
     for conversation in reuse_episodes(seed, episodes, **settings):
         pairs: dict[int, dict[str, int]] = {}
         for question in (q for q in conversation.questions if q.kind in distances):
-            pairs.setdefault(question.pair, {})[question.kind] = first_use_distance(conversation, question, tokenizer)
+            text = chat_text(conversation, int(question.evidence[0][1:].split(":")[0]), tokenizer)
+            spans = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            last, use = (
+                next(i for i, (_, end) in enumerate(spans) if end > c) for c in code_span(conversation, question, text)
+            )
+            assert first_use_distance(conversation, question, tokenizer) == use - last
+            pairs.setdefault(question.pair, {})[question.kind] = use - last
         for pair in pairs.values():
             assert abs(pair["fresh"] - pair["reuse"]) <= 2, pair
             for kind, distance in pair.items():
@@ -264,6 +299,8 @@ def test_reuse_streams_resumes_and_refuses_other_episodes(model_dir, tmp_path, c
     assert "## Reuse: asked again - never asked (control), paired" in combined
     header = "| budget | press | asked again | never asked (control) | difference | n | MDE | verdict | Holm |"
     assert header in combined
+    note = "not a use against none"
+    assert note in scorecard and note in combined, "the contrast says what it measures"
     assert (output / "contrasts.csv").read_text() == (tmp_path / "combined" / "contrasts.csv").read_text().replace(
         "Reuse: ", ""
     ), "the combined scorecard carries the run's contrasts"

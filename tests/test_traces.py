@@ -22,11 +22,13 @@ from evaluation.protocols.traces.policies import (
     LayerTrace,
     PressPolicy,
     StreamedPolicy,
+    SummedH2OPolicy,
     WindowedRMMPolicy,
     default_policies,
     lag_control,
     lag_sweep,
     recent_h2o,
+    seed_h2o,
     sweep_name,
 )
 from evaluation.protocols.traces.record import Trace, record
@@ -185,9 +187,9 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
     argv += ["--budgets", "64", "96", "--data", str(SHARED_DATA), "--output", str(output)]
     assert main(argv) == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
-    # per trace: a summary, then 3 metrics x (7 policies x 2 budgets + the lags 0, 1, 4, 16 at 64 and up to 64 at
+    # per trace: a summary, then 3 metrics x (8 policies x 2 budgets + the lags 0, 1, 4, 16 at 64 and up to 64 at
     # 96 + their commit-lag controls, the lags above 0)
-    assert len(rows) == 2 * (1 + 3 * (7 * 2 + 4 + 5 + 3 + 4))
+    assert len(rows) == 2 * (1 + 3 * (8 * 2 + 4 + 5 + 3 + 4))
     for name in (
         "scorecard.md",
         "scorecard.csv",
@@ -293,25 +295,65 @@ def test_the_lag_sweep_runs_each_lags_control_beside_it():
     assert WindowedRMMPolicy(lag_control(64), 64).refusal(64) and not WindowedRMMPolicy("c", 63).refusal(64)
 
 
-def tova_and_h2o_by_hand(rows: np.ndarray, budget: int) -> dict[str, dict[str, float]]:
-    """TOVA (the newest row's attention) and H2O (attention received, as a mean over the rows that saw it) replayed
-    by hand on one group's rows: retained mass, heavy-hitter recall and the shares of the 64 newest and 4 first
-    positions held at the end."""
+def summed_h2o_by_hand(rows: np.ndarray, window: int, budget: int) -> tuple[list[int], float]:
+    """The TOVA seed's H2O replayed by hand on one group's rows: at step t each held position scores the sum of
+    its column over rows 0..t, the ``window`` newest never go, the lowest other goes (ties: the lower position).
+    What it holds at the end and its retained mass."""
+    held, mass = list(range(budget)), 0.0
+    for t in range(budget, len(rows)):
+        held.append(t)
+        mass += rows[t, held].sum()
+        summed = rows[: t + 1].sum(0)
+        held.remove(min((k for k in held if t - k >= window), key=lambda k: (summed[k], k)))
+    return held, mass / (len(rows) - budget)
+
+
+def test_the_seeds_h2o_sums_attention_and_protects_its_window_as_replayed_by_hand():
+    """On the hand-built trace, ``SummedH2OPolicy`` holds and retains what summed attention with the W newest
+    protected holds by hand, at W = 2, 1 and 0 (which evicts each newcomer, whose sum is its own row's weight);
+    averaging (the lab's ``h2o``) with the same window holds something else at W = 1."""
+    weights = np.array(CONTROL_WEIGHTS, dtype=float)
+    rows = weights / weights.sum(1, keepdims=True)
+    trace = LayerTrace(torch.tensor(rows[None], dtype=torch.float32), torch.ones(len(rows)))
+    budget = 4
+    for window, expected in ((2, [0, 1, 6, 7]), (1, [0, 1, 3, 7]), (0, [0, 1, 2, 3])):
+        result = replay(trace, SummedH2OPolicy(seed_h2o(window), window), budget)
+        held, mass = summed_h2o_by_hand(rows, window, budget)
+        assert result.held[0].nonzero()[:, 0].tolist() == held == expected, window
+        assert result.retained_mass.item() == pytest.approx(mass, abs=1e-6), window
+    assert replay(trace, PressPolicy.of(recent_h2o(1)), budget).held[0].nonzero()[:, 0].tolist() == [0, 1, 4, 7]
+    assert SummedH2OPolicy(seed_h2o(64), 64).refusal(64) and not SummedH2OPolicy(seed_h2o(63), 63).refusal(64)
+
+
+def claims_by_hand(rows: np.ndarray, budget: int, window: int) -> dict[str, dict[str, float]]:
+    """TOVA (the newest row's attention), the seed's H2O (attention summed over the rows that saw a position, the
+    ``window`` newest protected) and the lab's H2O (that sum as a mean over those rows, with and without the
+    window) replayed by hand on one group's rows: retained mass, heavy-hitter recall and the shares of the 64
+    newest and 4 first positions held at the end."""
     length = len(rows)
     cumulative = rows.sum(0)
     heavy = set(np.argsort(-cumulative, kind="stable")[:budget].tolist())
+
+    def summed(t: int) -> np.ndarray:
+        return rows[: t + 1].sum(0)
+
+    def averaged(t: int) -> np.ndarray:
+        return summed(t) / np.maximum(t + 1 - np.arange(length), 1)
+
     scores = {
-        "tova": lambda t: rows[t],
-        "h2o": lambda t: rows[: t + 1].sum(0) / np.maximum(t + 1 - np.arange(length), 1),
+        "tova": (lambda t: rows[t], 0),
+        "seed": (summed, window),
+        "h2o": (averaged, 0),
+        "h2o_window": (averaged, window),
     }
     found = {}
-    for name, score in scores.items():
+    for name, (score, protected) in scores.items():
         held, mass = list(range(budget)), 0.0
         for t in range(budget, length):
             held.append(t)
             mass += rows[t, held].sum()
             now = score(t)
-            held.remove(min(held, key=lambda k: (now[k], k)))
+            held.remove(min((k for k in held if t - k >= protected), key=lambda k: (now[k], k)))
         found[name] = {
             "mass": mass / (length - budget),
             "recall": len(heavy & set(held)) / budget,
@@ -323,8 +365,9 @@ def tova_and_h2o_by_hand(rows: np.ndarray, budget: int) -> dict[str, dict[str, f
 
 def test_the_tova_claims_table_measures_the_seeds_figures_as_replayed_by_hand():
     """A trace whose steps look at 4 sinks and their recent positions, and early on at old heavy hitters that H2O
-    keeps: TOVA's and H2O's mass, recall and held shares in the scorecard's table are those replayed by hand."""
-    length, budget = 100, 72
+    keeps: the table's masses, recalls and held shares are those replayed by hand, and its difference is TOVA's
+    mass minus the seed's H2O's (summed, 32 newest protected), not the lab's averaged ``h2o``'s."""
+    length, budget, window = 100, 72, 32
     rng = np.random.default_rng(5)
     age = np.arange(length)[:, None] - np.arange(length)[None, :]
     logits = rng.random((length, length)) + 3.0 * (np.arange(length) < 4) + 2.0 * (age < 64) * np.exp(-age / 40)
@@ -334,17 +377,25 @@ def test_the_tova_claims_table_measures_the_seeds_figures_as_replayed_by_hand():
     trace = Trace("hand", list(range(length)), torch.ones(length), [torch.tensor(rows[None], dtype=torch.float32)])
     stacked = LayerTrace(torch.cat(trace.layers), trace.correct)
     out = [summary_row(trace, "multi_news:0", stacked)]
-    for policy in default_policies(0)[:2]:  # tova, h2o
+    policies = [p for p in default_policies(window) if p.name in ("tova", "h2o", recent_h2o(window), seed_h2o(window))]
+    assert len(policies) == 4
+    for policy in policies:
         out += metric_rows(trace, policy, budget, replay(stacked, policy, budget))
-    (claim,) = tova_claims(out, [budget], None)
-    expected = tova_and_h2o_by_hand(rows, budget)
+    (claim,) = tova_claims(out, [budget], window)
+    expected = claims_by_hand(rows, budget, window)
     share = np.mean([rows[t, max(0, t - 63) : t + 1].sum() for t in range(length)])
-    assert claim.text == "multi_news:0" and claim.h2o_window_mass is None
+    assert claim.text == "multi_news:0"
     assert claim.recent_share == pytest.approx(share, abs=1e-6)
-    for name in ("tova", "h2o"):
-        assert getattr(claim, f"{name}_mass") == pytest.approx(expected[name]["mass"], abs=1e-5)
+    for name in ("tova", "seed", "h2o", "h2o_window"):
+        assert getattr(claim, f"{name}_mass") == pytest.approx(expected[name]["mass"], abs=1e-5), name
+    for name in ("tova", "seed"):
         for figure in ("recall", "recent", "first"):
             assert getattr(claim, f"{name}_{figure}") == pytest.approx(expected[name][figure]), (name, figure)
-    assert claim.tova_recent == claim.tova_first == 1.0 > claim.h2o_recent, "TOVA holds the sinks and the newest"
-    table = tova_table([claim], None)
-    assert f"| multi_news:0 | {claim.budget} | {share:.3f} | {claim.tova_mass:.3f} |" in table[-1]
+    assert claim.tova_recent == claim.tova_first == 1.0 > claim.seed_recent, "TOVA holds the sinks and the newest"
+    assert claim.seed_mass != pytest.approx(claim.h2o_mass, abs=1e-3), "summing and averaging differ here"
+    table = tova_table([claim], window)
+    assert seed_h2o(window) in "".join(table) and "tova - seed H2O" in table[-3]
+    cells = [cell.strip() for cell in table[-1].strip("|").split("|")]
+    assert cells[:4] == ["multi_news:0", claim.budget, f"{share:.3f}", f"{expected['tova']['mass']:.3f}"]
+    difference = expected["tova"]["mass"] - expected["seed"]["mass"]
+    assert cells[4:6] == [f"{expected['seed']['mass']:.3f}", f"{difference:.3f}"]

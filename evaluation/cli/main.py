@@ -180,7 +180,7 @@ COMMANDS = (
         "every row with the committed row of its key: text byte for byte, floats within 1e-6. One line per run; "
         "exit status 1 when one differs, 2 for a folder it cannot reproduce.",
         add_reproduce_options,
-        "evaluation.protocols.reproduce:command",
+        "evaluation.cli.reproduce:command",
     ),
 )
 

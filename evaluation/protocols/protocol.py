@@ -178,7 +178,7 @@ class Protocol(ABC, Generic[C]):
     def options_of(self, settings: dict) -> dict:
         """The option values (by destination) that configure a run with the recorded ``settings`` (run.json's
         ``config``): a setting recorded under its option's name is that option's value; a protocol that records one
-        otherwise (a budget key, a folder it resolved) gives it here. ``evaluation.protocols.reproduce`` checks
+        otherwise (a budget key, a folder it resolved) gives it here. ``evaluation.cli.reproduce`` checks
         the configuration they rebuild against every recorded setting."""
         return dict(settings)
 

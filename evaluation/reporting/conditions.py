@@ -43,11 +43,13 @@ ANSWER_NLL = Metric(
 @dataclass(frozen=True)
 class Contrast:
     """The paired difference of two conditions of one press at one budget, over matched pairs of examples (a
-    reused code against its control): ``pair`` names the pair a row belongs to."""
+    reused code against its control): ``pair`` names the pair a row belongs to; ``note``, what the difference
+    measures, goes beside its section of the scorecard."""
 
     minuend: str
     subtrahend: str
     pair: Callable[[dict], tuple]
+    note: str = ""
 
     @property
     def name(self) -> str:

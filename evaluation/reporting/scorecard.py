@@ -173,6 +173,7 @@ def with_holm(table: pd.DataFrame, prefixes: list[str]) -> None:
     metric (all prefixes together); other lines keep their verdict."""
     for prefix in prefixes:
         table[f"{prefix}holm_verdict"] = table[f"{prefix}verdict"]
+        table[f"{prefix}holm_p"] = float("nan")  # where nothing is tested (every pair identical, say)
     for metric, group in table.groupby("metric", sort=False):
         tested = [(i, p) for p in prefixes for i in group.index if group.loc[i, f"{p}verdict"] in VERDICTS]
         adjusted = holm([float(table.loc[i, f"{p}p"]) for i, p in tested])
@@ -241,9 +242,9 @@ def contrast_table(
             if difference is not None:
                 line |= {"diff": difference.mean, "diff_low": difference.low, "diff_high": difference.high}
                 line |= {"p": difference.p, "mde": difference.detectable}
-            lines.append(line | {"metric": metric, "digits": metric.digits})
+            lines.append(line | {"metric": metric, "digits": metric.digits, "note": contrast.note})
     columns = ["contrast", "budget", "press", "n", "minuend", "subtrahend", "diff", "diff_low", "diff_high", "verdict"]
-    table = pd.DataFrame(lines).reindex(columns=[*columns, "p", "mde", "metric", "digits"])
+    table = pd.DataFrame(lines).reindex(columns=[*columns, "p", "mde", "metric", "digits", "note"])
     with_holm(table, [""])
     return table
 
@@ -338,7 +339,8 @@ def contrast_section(table: pd.DataFrame) -> list[str]:
         lines += ["", f"## {name}, paired", ""]
         lines += [
             f"Each {first} question against the {second} question of its pair (same press, same budget) on "
-            f"{metric.label}; win: {first} is better. MDE and Holm as above, Holm over the contrasts.",
+            f"{metric.label}; win: {first} is better. MDE and Holm as above, Holm over the contrasts."
+            + (f" {group['note'].iloc[0]}" if group["note"].iloc[0] else ""),
             "",
         ]
         lines += [
@@ -467,7 +469,7 @@ def write_scorecard(
         lines += comparison_section(summary, prefix, against)
     if contrasts is not None and not contrasts.empty:
         with replaced(output / "contrasts.csv") as staging:
-            contrasts.drop(columns="digits").assign(metric=contrasts["metric"].map(metric_name)).to_csv(
+            contrasts.drop(columns=["digits", "note"]).assign(metric=contrasts["metric"].map(metric_name)).to_csv(
                 staging, index=False
             )
         lines += contrast_section(contrasts)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Message = tuple[str, str]  # (role, content)
 
@@ -34,25 +36,33 @@ class Framing:
             return self.tokenizer.encode(self.system)
         return self.encode(self._chat([], False))
 
-    def session_ids(self, messages: list[Message], session: str) -> list[int]:
+    def session_text(self, messages: list[Message], session: str) -> str:
+        """The text a session adds after ``messages``; ``session_ids`` are its tokens."""
         if self.tokenizer.chat_template is None:
-            return self.encode(f"\n{session}")
-        return self.encode(
-            self._increment(self._chat(messages, False), self._chat([*messages, ("user", session)], False))
-        )
+            return f"\n{session}"
+        return self._increment(self._chat(messages, False), self._chat([*messages, ("user", session)], False))
+
+    def question_text(self, messages: list[Message], question: str) -> str:
+        """The text a question adds after ``messages``, up to the answer's start; ``question_ids`` are its tokens."""
+        if self.tokenizer.chat_template is None:
+            return f"\n{question}"
+        return self._increment(self._chat(messages, False), self._chat([*messages, ("user", question)], True))
+
+    def answer_text(self, messages: list[Message], question: str, answer: str) -> str:
+        """The text an answer to ``question`` adds; ``answer_ids`` are its tokens."""
+        if self.tokenizer.chat_template is None:
+            return f" {answer}\n"
+        asked = [*messages, ("user", question)]
+        return self._increment(self._chat(asked, True), self._chat([*asked, ("assistant", answer)], False))
+
+    def session_ids(self, messages: list[Message], session: str) -> list[int]:
+        return self.encode(self.session_text(messages, session))
 
     def question_ids(self, messages: list[Message], question: str) -> list[int]:
-        if self.tokenizer.chat_template is None:
-            return self.encode(f"\n{question}")
-        return self.encode(
-            self._increment(self._chat(messages, False), self._chat([*messages, ("user", question)], True))
-        )
+        return self.encode(self.question_text(messages, question))
 
     def answer_ids(self, messages: list[Message], question: str, answer: str) -> list[int]:
-        if self.tokenizer.chat_template is None:
-            return self.encode(f" {answer}\n")
-        asked = [*messages, ("user", question)]
-        return self.encode(self._increment(self._chat(asked, True), self._chat([*asked, ("assistant", answer)], False)))
+        return self.encode(self.answer_text(messages, question, answer))
 
     @staticmethod
     def _increment(before: str, after: str) -> str:

@@ -10,14 +10,16 @@ sessions (half the context), re-prefilled.
 from __future__ import annotations
 
 from collections.abc import Callable
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session
 from evaluation.protocols.streaming.framing import Framing
 from evaluation.protocols.streaming.task import StreamTask
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 StreamItem = tuple[str, object, int]  # ("session", text, n) or ("turn", (question, answer), n)
 

@@ -3,14 +3,15 @@
 An episode is a conversation streamed session by session. Each session states ``facts`` lock codes ("Please note
 this down for me, Alex: the code of Mia's locker is 4821.") among chit-chat. One of its codes is asked right after
 the session (kind ``first``: the turn that uses the fact; the history then holds the question and its gold answer,
-a second copy of the code). The code stated on the line after it is its matched control: the next session opens
-by stating it again, word for word (a plain restatement, no question), so the control's second copy directly
-follows the used code's answer and each copy of the control trails the used code's by one line. After a session,
-its re-asks come first and its first ask last, so that only the next session's opening separates that answer from
-the restatement. ``lag`` sessions later, a cue line brings each of the two locks up again and both are asked: the
-used one (kind ``reuse``) and its control (kind ``fresh``: as old, stated as often, cued the same way, never
-asked). Which of the two is asked first alternates from pair to pair (``order``), so that the order of asking is
-balanced. ``lag`` counts sessions, not tokens.
+a second copy of the code). The code stated two lines after it, past Alex's pause (``PAUSE``), is its matched
+control: the next session opens by stating it again, word for word (a plain restatement, no question), so the
+control's second copy directly follows the used code's answer and each copy of the control trails the used code's.
+After a session, its re-asks come first and its first ask last, so that only the next session's opening separates
+that answer from the restatement; the pause is as long as that gap, so in the stream a run builds the two codes are
+first used at the same distance from their statements. ``lag`` sessions later, a cue line brings each of the two
+locks up again and both are asked: the used one (kind ``reuse``) and its control (kind ``fresh``: as old, stated as
+often, cued the same way, never asked). Which of the two is asked first alternates from pair to pair (``order``), so
+that the order of asking is balanced. ``lag`` counts sessions, not tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from evaluation.protocols.streaming.episodes import Conversation, Question, Sess
 from evaluation.protocols.synthetic.words import CHAT, NAMES, THINGS
 
 SPEAKERS = ("Sam", "Alex")
+# Alex's line between the used code's statement and its control's: as long in SmolLM2's tokens (16) as what the chat
+# framing and the next session's opening put between the used code's answer and the control's restatement
+PAUSE = "Hold on, let me find a pen that writes."
 
 
 def reuse_episodes(
@@ -81,6 +85,8 @@ def _episode(
                 turns_text.append(next(chat_lines))
                 continue
             for i in next(unit_list):
+                if i == controls[s]:
+                    turns_text.append((SPEAKERS[1], PAUSE))
                 turns_text.append((SPEAKERS[0], _statement(*stated[s][i])))
                 fact_turns[i] = [f"D{number}:{len(turns_text)}"]
         earlier = number - lag
@@ -106,10 +112,7 @@ def _episode(
 
 
 def _statement(name: str, thing: str, code: str) -> str:
-    """A code's statement, and its control's restatement. The lead-in makes the control's statement line (between
-    the used code's statement and the control's) as long in SmolLM2's tokens as what lies between the used code's
-    answer and the control's restatement (the answer sentence and the next session's opening): the two first-use
-    distances of a pair then differ by a token or two."""
+    """A code's statement, and its control's restatement, word for word."""
     return f"Please note this down for me, Alex: the code of {name}'s {thing} is {code}."
 
 

@@ -18,6 +18,7 @@ from evaluation.protocols.options import whole
 from evaluation.protocols.protocol import SAMPLED
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session
+from evaluation.protocols.streaming.framing import Framing, Message
 from evaluation.protocols.streaming.placements import asked_after_session
 from evaluation.protocols.streaming.protocol import register_task
 from evaluation.protocols.streaming.task import StreamTask
@@ -146,35 +147,60 @@ def multiquery_options(episodes: dict) -> dict:
     return options | ({"episodes": episodes["per_length"]} if "per_length" in episodes else {})
 
 
-def plain_stream(conversation: Conversation, number: int) -> str:
-    """Session ``number``, the exchanges asked after it and the next session, as the plain framing streams them:
-    a session or a question after a newline, its gold answer after a space and before a newline."""
-    text = "\n" + render_session(conversation.sessions[number - 1])
-    for question in conversation.questions:
-        if asked_after_session(conversation, question) == number:
-            text += f"\n{question.question} {sentence_answer(question)}\n"
-    if number < len(conversation.sessions):
-        text += "\n" + render_session(conversation.sessions[number])
-    return text
+def streamed_increments(
+    conversation: Conversation, first: int, last: int, tokenizer: PreTrainedTokenizerBase
+) -> list[tuple[str, int, str]]:
+    """What the evidence placement streams from session ``first`` through session ``last``, increment by increment
+    as its ``Framing`` adds them (the chat template's text between the parts included): ("session", number, text),
+    and for each question asked after a session ("question", index, text) and ("answer", index, text)."""
+    framing = Framing(tokenizer, header(conversation))
+    messages: list[Message] = []
+    increments = []
+    for session in conversation.sessions[:last]:
+        text = render_session(session)
+        if session.number >= first:
+            increments.append(("session", session.number, framing.session_text(messages, text)))
+        messages.append(("user", text))
+        for question in (q for q in conversation.questions if asked_after_session(conversation, q) == session.number):
+            answer = sentence_answer(question)
+            if session.number >= first:
+                increments.append(("question", question.index, framing.question_text(messages, question.question)))
+                increments.append(("answer", question.index, framing.answer_text(messages, question.question, answer)))
+            messages += [("user", question.question), ("assistant", answer)]
+    return increments
 
 
 def first_use_distance(conversation: Conversation, question: Question, tokenizer: PreTrainedTokenizerBase) -> int:
-    """Positions from the last token of a code's statement to the first token of its first use: the first ask's
-    answer (a used code) or the next session's restatement of it (a control), in the history as the plain framing
-    renders it (``plain_stream``; a chat template adds a few tokens between the parts). A commit lag H counts that
-    use in the code's demonstrated utility when this is at most H."""
+    """Positions, in the token stream a run builds (``streamed_increments``, each increment encoded on its own as
+    the history extends), from the last token of a code's statement to the first token of the code in its first
+    use: the first ask's answer (a used code) or the next session's restatement of it (a control). A commit lag H
+    counts that use in the code's demonstrated utility when this is at most H."""
     number, turn = (int(part) for part in question.evidence[0].removeprefix("D").split(":"))
-    text = plain_stream(conversation, number)
-    statement = conversation.sessions[number - 1].turns[turn - 1]
-    start = text.index(f'"{statement.text}"') + len(statement.text) + 2
+    increments = streamed_increments(conversation, number, number + 1, tokenizer)
+    code = str(question.answer)
+    statement = conversation.sessions[number - 1].turns[turn - 1].text
     if question.kind == "fresh":
         following, again = (int(part) for part in question.evidence[1].removeprefix("D").split(":"))
-        use = conversation.sessions[following - 1].turns[again - 1]
-        end = text.index(f'{use.speaker} said, "{use.text}"', start)
+        use = conversation.sessions[following - 1].turns[again - 1].text
+        used_in, copy = ("session", following), f'"{use}"'
     else:
         asked = next(q for q in conversation.questions if q.kind == "first" and q.question == question.question)
-        end = text.index(f"\n{asked.question} ", start) + len(asked.question) + 1
-    return len(tokenizer.encode(text[start:end], add_special_tokens=False)) + 1
+        used_in, copy = ("answer", asked.index), sentence_answer(asked)
+    where = [(kind, owner) for kind, owner, _ in increments]
+    texts = [text for _, _, text in increments]
+    stated = texts[0].index(f'"{statement}"') + len(statement)
+    used = where.index(used_in)
+    return token_position(texts, used, texts[used].index(copy) + copy.rindex(code), tokenizer) - token_position(
+        texts, 0, stated, tokenizer
+    )
+
+
+def token_position(texts: list[str], piece: int, char: int, tokenizer: PreTrainedTokenizerBase) -> int:
+    """The position of the token holding character ``char`` of ``texts[piece]`` in the stream of ``texts``, each
+    encoded on its own (``Framing.encode``)."""
+    before = sum(len(tokenizer.encode(text, add_special_tokens=False)) for text in texts[:piece])
+    spans = tokenizer(texts[piece], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return before + next(i for i, (_, end) in enumerate(spans) if end > char)
 
 
 def reuse_fields(conversation: Conversation, question: Question, tokenizer: PreTrainedTokenizerBase) -> dict:
@@ -211,7 +237,15 @@ REUSE_ORDER = (
     *(f"{REUSE_CONDITIONS[k]}, {r}" for k in ("reuse", "fresh") for r in REACH.values()),
 )
 REUSE_CONTRASTS = (
-    Contrast(REUSE_CONDITIONS["reuse"], REUSE_CONDITIONS["fresh"], lambda row: (row["conversation"], row["pair"])),
+    Contrast(
+        REUSE_CONDITIONS["reuse"],
+        REUSE_CONDITIONS["fresh"],
+        lambda row: (row["conversation"], row["pair"]),
+        "The difference sets a question and its answer against a plain restatement, not a use against none: under "
+        "`--rmm-weights answers` RMM weighs every row but an answer's by 1, so the restatement's rows add their "
+        "attention to the control whatever the model predicts, while the used code's answer rows count only where "
+        "predicted correctly; under `--rmm-weights all` a correctly predicted restatement is itself a use (Eq. 1).",
+    ),
 )
 
 REUSE = StreamTask(

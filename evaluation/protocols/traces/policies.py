@@ -9,14 +9,18 @@ At step t a policy evicts one of the held positions 0..t of each group. Every po
   newest row (on a head-averaged trace, one group per layer, that is TOVA's rule; on a ``--per-kv-group``
   trace, its per-KV-group form), SnapKV its window's rows, StreamingLLM nothing.
   ``recent_window(h2o,window=W)`` (``RecentWindowPress``) is H2O's score with the W newest positions protected,
-  an H2O-style recent window;
+  an H2O-style recent window. KVPress's H2O score is a mean: each position's attention divided by the rows that
+  saw it, which favours recent positions;
+- ``recent_window(h2o_summed,window=W)`` (``SummedH2OPolicy``) is the TOVA seed's H2O: the attention each
+  position received summed over every row so far, not averaged, with the W newest positions protected;
 - RMM, whose smoother carries state from step to step, is driven one arrival at a time as ``DecodingPress``
   drives it (``StreamedPress``): the lag sweep measures the very press users run. Beside each finite lag H > 0
   runs its commit-lag control, ``recent_window(rmm,window=H)`` (``WindowedRMMPolicy``): the same H newest
   positions protected (RMM's provisional buffer), the rest ranked by RMM's own full-horizon score, the
-  correctness-weighted utility of ``rmm`` (``lag=None``) over every row so far; so the two differ only in the
-  horizon of the committed ranking, and the sweep separates the commit lag from recency (at H = 0 the control is
-  ``rmm`` itself).
+  correctness-weighted utility of ``rmm`` (``lag=None``) over every row so far. The two rank committed positions
+  on different rows: ``rmm(lag=H)`` sums the H rows after a position (k < t <= k + H, its own row excluded), the
+  control averages every row from the position's own on (t >= k, its own row included). So the sweep separates
+  the commit lag from recency (at H = 0 the control is ``rmm`` itself).
 
 Belady knows the future.
 """
@@ -177,9 +181,29 @@ class WindowedRMMPolicy(Policy):
         positions = torch.arange(t + 1).expand(1, trace.groups, -1)
         smoother = Smoother.start(None, positions, torch.zeros(*positions.shape, MARK_DIMS))
         smoother.set_sums(self.sums[None, :, : t + 1].float())
-        scores = smoother.scores()[0]
-        scores[:, t + 1 - self.window :] = float("inf")
-        return scores
+        return newest_protected(smoother.scores()[0], self.window)
+
+
+@dataclass
+class SummedH2OPolicy(Policy):
+    """The TOVA seed's H2O: the attention each position received, summed over every row so far (the trace's
+    ``cumulative``, where KVPress's ``h2o`` divides it by the rows counted), with the ``window`` newest positions
+    protected (``RecentWindowPress``'s rule); ties evict the lower position."""
+
+    name: str
+    window: int
+
+    def refusal(self, budget: int) -> str:
+        return budget_refusal([Protected("RecentWindowPress", "window", self.window)], budget)
+
+    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
+        return newest_protected(trace.cumulative[:, t, : t + 1].clone(), self.window)
+
+
+def newest_protected(scores: torch.Tensor, window: int) -> torch.Tensor:
+    """``scores`` (groups, t + 1) with the ``window`` newest positions scored +inf (never evicted), in place."""
+    scores[:, scores.shape[-1] - window :] = float("inf")
+    return scores
 
 
 class BeladyPolicy(Policy):
@@ -196,6 +220,7 @@ def default_policies(h2o_window: int = H2O_WINDOW) -> list[Policy]:
         PressPolicy("tova", TOVAPress(per_kv_group=True)),
         PressPolicy("h2o", ObservedAttentionPress()),
         *([PressPolicy.of(recent_h2o(h2o_window))] if h2o_window else []),
+        SummedH2OPolicy(seed_h2o(h2o_window), h2o_window),
         PressPolicy("snapkv", SnapKVPress()),
         PressPolicy("streaming_llm", StreamingLLMPress()),
         StreamedPolicy("rmm", None),
@@ -211,6 +236,12 @@ def sweep_name(lag: int | None) -> str:
 def recent_h2o(window: int) -> str:
     """The spec of H2O with its ``window`` newest positions protected (``RecentWindowPress``)."""
     return f"recent_window(h2o,window={window})"
+
+
+def seed_h2o(window: int) -> str:
+    """The name of the TOVA seed's H2O, attention summed with its ``window`` newest positions protected
+    (``SummedH2OPolicy``; the lab's name, not a press spec)."""
+    return f"recent_window(h2o_summed,window={window})"
 
 
 def lag_control(lag: int) -> str:

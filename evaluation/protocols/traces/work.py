@@ -27,7 +27,6 @@ from evaluation.protocols.traces.policies import (
     default_policies,
     lag_control,
     lag_sweep,
-    recent_h2o,
     sweep_name,
 )
 from evaluation.protocols.traces.protocol import BENCHMARK, METRICS, SUMMARY, TraceRow, Traces, TracesConfig
@@ -214,8 +213,7 @@ def write_scorecard(protocol: Traces, config: TracesConfig, rows: list[dict]) ->
         "Trace metrics, mean over layers; each cell: mean [95% bootstrap interval over traces] (n traces). With "
         "two texts an interval describes those two texts, not a population."
     )
-    window = recent_h2o(h2o_window) if h2o_window else None
-    appendix = tova_table(tova_claims(rows, budgets, window), window)
+    appendix = tova_table(tova_claims(rows, budgets, h2o_window), h2o_window)
     write_card(output, summary, f"Traces: {output.name}", note, REFERENCE, policies, labels, appendix)
     plot_lag_sweep(output / "lag_sweep.png", summary, labels)
     controlled.run(output)
