@@ -188,14 +188,14 @@ COMMANDS = (
 def parser_for_every_command() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__, allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for protocol in protocols().values():
+    known = protocols()
+    for protocol in known.values():
         add_protocol(subparsers, protocol)
+    benchmarks = {name: p.benchmark for name, p in known.items()}
+    pooled = {name: p.scores_settings() for name, p in known.items()}
     for command in COMMANDS:
         subparser = subparsers.add_parser(command.name, help=command.help, description=command.description)
         command.add_options(subparser)
-        known = protocols()
-        benchmarks = {name: p.benchmark for name, p in known.items()}
-        pooled = {name: p.scores_settings() for name, p in known.items()}
         subparser.set_defaults(act=command, benchmarks=benchmarks, pooled=pooled)
     for subparser in subparsers.choices.values():
         subparser.allow_abbrev = False  # --pres is not --presses

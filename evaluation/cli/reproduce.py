@@ -29,6 +29,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from evaluation.cli.config_file import option_value, subcommand
+from evaluation.cli.main import model_settings, parser_for_every_command
 from evaluation.errors import EvaluationError
 from evaluation.protocols.loop import run_settings
 from evaluation.protocols.protocol import Plan, Protocol, lacks, protocols
@@ -97,9 +99,6 @@ def requested(text: str, default: int) -> tuple[Path, int]:
 
 def configured(folder: Path, record: dict, output: Path) -> tuple[Protocol, Any]:
     """The recorded run's protocol and its configuration rebuilt through the protocol's options (into ``output``)."""
-    from evaluation.cli.config_file import option_value, subcommand
-    from evaluation.cli.main import model_settings, parser_for_every_command
-
     known = protocols()
     name = record.get("protocol", "")
     if name not in known:
