@@ -120,6 +120,15 @@ def test_every_benchmark_report_records_its_commit_and_date(tmp_path):
     written = json.loads((tmp_path / "a" / "r.json").read_text())
     assert written == returned and written["x"] == 1
     assert written["commit"] == git_commit() and written["date"].startswith("20")
+    bench = ROOT / "results" / "bench"
+    before, earlier = git_commit(), bench / f"unfinished-{tmp_path.name}.json"
+    earlier.write_text("{}\n")
+    try:
+        assert git_commit().endswith("-dirty"), "a report make bench wrote earlier is uncommitted"
+        assert write_report(bench / f"unfinished-{tmp_path.name}-next.json", {"x": 2})["commit"] == before
+    finally:
+        earlier.unlink()
+        (bench / f"unfinished-{tmp_path.name}-next.json").unlink(missing_ok=True)
     writers = []
     for script in sorted((ROOT / "benchmarks").glob("*.py")):
         source = script.read_text()

@@ -34,9 +34,11 @@ def package_versions() -> dict[str, str]:
 
 def git_commit(own_output: Path | None = None) -> str | None:
     """The commit of this checkout, with ``-dirty`` when it has uncommitted changes; None outside git. A run's
-    ``own_output`` folder is not a change: a resumed run finds its own unfinished files there."""
+    ``own_output`` folder (when inside the checkout) is not a change: a resumed run finds its own unfinished files
+    there."""
     root = Path(__file__).resolve().parents[2]
-    outside = [f":(exclude){own_output.resolve()}"] if own_output is not None else []
+    inside = own_output is not None and own_output.resolve().is_relative_to(root)
+    outside = [f":(exclude){own_output.resolve()}"] if inside else []
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
         status = subprocess.run(
