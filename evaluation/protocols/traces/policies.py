@@ -152,7 +152,28 @@ class StreamedPolicy(Policy):
 
 
 @dataclass
-class WindowedRMMPolicy(Policy):
+class WindowedPolicy(Policy):
+    """A score with the ``window`` newest positions protected, ``RecentWindowPress``'s rule (they score +inf and
+    are never evicted), for a score the press cannot wrap; ``unprotected`` gives the score itself."""
+
+    name: str
+    window: int
+
+    def refusal(self, budget: int) -> str:
+        return budget_refusal([Protected("RecentWindowPress", "window", self.window)], budget)
+
+    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
+        scores = self.unprotected(trace, t)
+        scores[:, t + 1 - self.window :] = float("inf")
+        return scores
+
+    def unprotected(self, trace: LayerTrace, t: int) -> torch.Tensor:
+        """Scores of positions 0..t at step t, (groups, t + 1), a tensor the window may overwrite."""
+        raise NotImplementedError
+
+
+@dataclass
+class WindowedRMMPolicy(WindowedPolicy):
     """RMM's full-horizon score with the ``window`` newest positions protected: at ``window`` = H, the commit-lag
     control of ``rmm(lag=H)``; at 0, ``rmm`` itself.
 
@@ -161,12 +182,7 @@ class WindowedRMMPolicy(Policy):
     ``RecentWindowPress``'s rule (the newest positions score +inf), which cannot wrap ``RMMPress`` itself (its
     smoother must follow its own evictions); ties keep the older position, as RMM's commit rule does."""
 
-    name: str
-    window: int
     sums: torch.Tensor | None = field(default=None, init=False, repr=False)  # (groups, length): sum of w(t) a(t -> k)
-
-    def refusal(self, budget: int) -> str:
-        return budget_refusal([Protected("RecentWindowPress", "window", self.window)], budget)
 
     def start(self, trace: LayerTrace, budget: int) -> None:
         self.sums = (trace.rows[:, :budget] * trace.correct[:budget, None]).sum(1)
@@ -176,34 +192,22 @@ class WindowedRMMPolicy(Policy):
         scores = self.scores(trace, t).clamp(max=PROTECTED).masked_fill(~held, float("inf"))
         return t - scores.flip(-1).argmin(-1)
 
-    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
-        """The scores once step t's row is counted (``evict`` counts it)."""
+    def unprotected(self, trace: LayerTrace, t: int) -> torch.Tensor:
+        """RMM's scores once step t's row is counted (``evict`` counts it)."""
         positions = torch.arange(t + 1).expand(1, trace.groups, -1)
         smoother = Smoother.start(None, positions, torch.zeros(*positions.shape, MARK_DIMS))
         smoother.set_sums(self.sums[None, :, : t + 1].float())
-        return newest_protected(smoother.scores()[0], self.window)
+        return smoother.scores()[0]
 
 
 @dataclass
-class SummedH2OPolicy(Policy):
+class SummedH2OPolicy(WindowedPolicy):
     """The TOVA seed's H2O: the attention each position received, summed over every row so far (the trace's
     ``cumulative``, where KVPress's ``h2o`` divides it by the rows counted), with the ``window`` newest positions
     protected (``RecentWindowPress``'s rule); ties evict the lower position."""
 
-    name: str
-    window: int
-
-    def refusal(self, budget: int) -> str:
-        return budget_refusal([Protected("RecentWindowPress", "window", self.window)], budget)
-
-    def scores(self, trace: LayerTrace, t: int) -> torch.Tensor:
-        return newest_protected(trace.cumulative[:, t, : t + 1].clone(), self.window)
-
-
-def newest_protected(scores: torch.Tensor, window: int) -> torch.Tensor:
-    """``scores`` (groups, t + 1) with the ``window`` newest positions scored +inf (never evicted), in place."""
-    scores[:, scores.shape[-1] - window :] = float("inf")
-    return scores
+    def unprotected(self, trace: LayerTrace, t: int) -> torch.Tensor:
+        return trace.cumulative[:, t, : t + 1].clone()
 
 
 class BeladyPolicy(Policy):
