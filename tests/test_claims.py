@@ -16,12 +16,12 @@ import csv
 import json
 import re
 import statistics
-from collections import Counter
 from functools import cache
 from pathlib import Path
 
 import pytest
 
+from evaluation.protocols.traces.policies import lag_control
 from evaluation.protocols.traces.tova_claims import tova_claims
 from evaluation.reporting.intervals import paired
 
@@ -131,35 +131,17 @@ def runs_table_row(run: str) -> str:
     return f"[{run}]({run}/scorecard.md) | {made} | {round(seconds):,} s ({seconds / 60:.1f} min) |"
 
 
-def verdicts(run: str, presses: tuple[str, ...], metric: str = "score", prefix: str = "") -> Counter:
-    return Counter(
-        line[f"{prefix}verdict"]
-        for (m, _, _, press), line in scorecard(run).items()
-        if m == metric and press in presses and line.get("tallied") == "True"
-    )
-
-
-def unit_seconds(run: str) -> dict[str, float]:
-    return {k: v for s in record(run)["sessions"] for k, v in (s.get("unit_seconds") or {}).items()}
-
-
 LB, LOCOMO, PROBE, MIDDLE = (
     "longbench/smollm2-135m",
     "locomo/smollm2-135m",
     "probe/smollm2-135m",
     "probe/smollm2-135m-middle",
 )
-MEMORY, MEMORY_ALL, TRACES, PPL = (
+MEMORY, TRACES, REUSE, MQ = (
     "memory/smollm2-135m",
-    "memory/smollm2-135m-all-rows",
     "traces/smollm2-135m",
-    "perplexity/smollm2-135m",
-)
-REUSE, REUSE_ALL, MQ, MQ_LONG = (
     "reuse/smollm2-135m",
-    "reuse/smollm2-135m-all-rows",
     "multiquery/smollm2-135m",
-    "multiquery/smollm2-135m-long",
 )
 
 
@@ -247,24 +229,31 @@ def memory_claims() -> list[str]:
     ]
 
 
+def lab_means(condition: str) -> dict[tuple[str, str], float]:
+    """The lab's mean of ``condition`` (a trace metric) per budget and policy."""
+    return {(b, p): float(line["mean"]) for (_, c, b, p), line in scorecard(TRACES).items() if c == condition}
+
+
+def lag_pairs(means: dict[tuple[str, str], float]) -> list[tuple[int, float, float]]:
+    """Each finite lag H > 0 at each budget: H, ``rmm(lag=H)``'s mean and its commit-lag control's."""
+    pairs = []
+    for (budget, press), value in means.items():
+        found = re.fullmatch(r"rmm\(lag=(\d+)\)", press)
+        if found and int(found[1]) > 0:
+            pairs.append((int(found[1]), value, means[budget, lag_control(int(found[1]))]))
+    return pairs
+
+
 def lab_claims() -> list[str]:
-    hit = {
-        (r["budget"], r["press"]): float(r["mean"])
-        for r in csv_rows(TRACES, "scorecard.csv")
-        if r["condition"] == "hit_rate"
-    }
+    hit, recall = lab_means("hit_rate"), lab_means("heavy_hitter_recall")
 
     def cell(budget: int, press: str) -> str:
         return f"{hit[f'{budget} tokens', press]:.3f}" if (f"{budget} tokens", press) in hit else "-"
 
     budgets = sorted({int(b.split()[0]) for b, _ in hit})
-    for budget in budgets:
-        for lag in (1, 4, 16, 64, 256):
-            if (f"{budget} tokens", f"rmm(lag={lag})") in hit:
-                assert (
-                    hit[f"{budget} tokens", f"recent_window(rmm,window={lag})"]
-                    >= hit[f"{budget} tokens", f"rmm(lag={lag})"]
-                )
+    assert len(lag_pairs(hit)) == len(lag_pairs(recall)) > 0, "every finite lag beside its control"
+    assert all(control >= lagged for _, lagged, control in lag_pairs(hit)), "the control holds as much or more"
+    assert all(lagged > control for lag, lagged, control in lag_pairs(recall) if lag >= 4), "the lag leads recall"
     summaries = {r["text"]: r for r in rows(TRACES) if r["metric"] == "summary"}
     held = {
         press: [
@@ -275,7 +264,7 @@ def lab_claims() -> list[str]:
         for press in ("rmm", "h2o")
     }
     share = [statistics.fmean(r["recent_64_attention_share"]) for r in summaries.values()]
-    recall = json.loads((RESULTS / TRACES / "controlled.json").read_text())
+    controlled = json.loads((RESULTS / TRACES / "controlled.json").read_text())
     claims = [
         *(
             f"| {lag} | {cell(128, f'rmm(lag={lag})')} | {cell(128, f'recent_window(rmm,window={lag})')} | "
@@ -290,18 +279,9 @@ def lab_claims() -> list[str]:
         f"where `h2o` holds {min(held['h2o']):.1f} to {max(held['h2o']):.1f}",
         "{:.3f} and {:.3f} of each step's attention".format(*share),
         "recall of the reused items recency {recency:.3f}, H2O {h2o:.3f}, predictor {predictor:.3f}, smoother "
-        "{smoother:.3f}, Belady {belady:.3f}".format(**recall["test_recall"]),
-        f"K/N floor ({recall['theory']['online_floor_K_over_N']:.3f})",
+        "{smoother:.3f}, Belady {belady:.3f}".format(**controlled["test_recall"]),
+        f"K/N floor ({controlled['theory']['online_floor_K_over_N']:.3f})",
     ]
-    recall = {
-        (r["budget"], r["press"]): float(r["mean"])
-        for r in csv_rows(TRACES, "scorecard.csv")
-        if r["condition"] == "heavy_hitter_recall"
-    }
-    for budget, press in recall:
-        if press.startswith("rmm(lag=") and press not in ("rmm(lag=0)", "rmm(lag=1)"):
-            window = press.replace("rmm(lag=", "recent_window(rmm,window=")
-            assert recall[budget, press] > recall[budget, window], (budget, press)
     claims.append(
         f"(at 512 tokens, lag 64: {recall['512 tokens', 'rmm(lag=64)']:.3f} against "
         f"{recall['512 tokens', 'recent_window(rmm,window=64)']:.3f})"
@@ -473,7 +453,7 @@ def test_no_interval_is_quoted_that_no_claim_recomputes(document):
     assert not unbacked, f"{document} quotes intervals no file backs: {unbacked}"
 
 
-def test_make_reproduce_samples_every_committed_run_and_scorecard_reads_them():
+def test_make_reproduce_samples_every_committed_run_and_the_makefile_makes_them():
     makefile = (ROOT / "Makefile").read_text().replace("\\\n", " ")
     reproduced = re.search(r"^REPRODUCED := (.*)$", makefile, re.M)
     assert reproduced, "the Makefile lists the runs make reproduce samples"
