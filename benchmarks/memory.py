@@ -36,17 +36,26 @@ import dataclasses, json, resource, sys, tempfile, time
 from pathlib import Path
 import torch
 from transformers import DynamicCache
-try:
+if Path("evaluation/protocols").is_dir():  # the layout of c75a70c and after
+    from evaluation.catalogue.budgets import Budget
+    from evaluation.protocols.longbench.cells import run_shared
+    from evaluation.protocols.longbench.config import LongBenchConfig
+    from evaluation.protocols.longbench.data import load_configs, load_task
+    from evaluation.protocols.longbench.prompts import build_prompt
+    from evaluation.runs.models import ModelSettings
     from evaluation.runs.terminal import quiet_libraries
-except ImportError:  # a reference tree from before evaluation/runs/terminal.py
-    from evaluation.runs.backends import quiet_libraries
-from evaluation.catalogue.budgets import Budget
-from evaluation.protocols.longbench.data import load_configs, load_task
-from evaluation.protocols.longbench.prompts import build_prompt
-from evaluation.protocols.longbench.cells import run_shared
-from evaluation.protocols.longbench.config import LongBenchConfig
-from evaluation.runs.models import ModelSettings
+else:  # the flat layout before it (the reference 003305c)
+    from evaluation.backends import quiet_libraries
+    from evaluation.budgets import Budget
+    from evaluation.longbench.data import load_configs, load_task
+    from evaluation.longbench.prompts import build_prompt
+    from evaluation.longbench.runner import LongBenchConfig, run_shared
+    from evaluation.models import ModelSettings
 
+strays = [name for name, module in sys.modules.items() if name.startswith("evaluation")
+          and not Path(getattr(module, "__file__", None) or ".").resolve().is_relative_to(Path.cwd().resolve())]
+if strays:  # the editable install's finder fills in a module the tree lacks from the installed checkout
+    raise SystemExit(f"modules from outside {Path.cwd()}: {strays}")
 quiet_libraries()
 data, length, presses, plain = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4] == "plain"
 model, tokenizer = ModelSettings().load()
