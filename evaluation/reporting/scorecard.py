@@ -218,6 +218,20 @@ def compare(
     return (TOO_FEW if len(pairs) < MIN_PAIRS else difference.verdict(higher_is_better)), difference
 
 
+def paired_line(
+    cell: pd.DataFrame, base: pd.DataFrame, label: str, resamples: int, seed: int, higher_is_better: bool
+) -> dict:
+    """``compare``'s verdict of ``cell`` against ``base`` as a table line's fields: the pairs' count and both means
+    over them, the verdict, and the paired difference with its interval, p-value and MDE where there is one."""
+    verdict, difference = compare(cell, base, label, resamples, seed, higher_is_better)
+    both = cell.join(base, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
+    line = {"n": len(both), "mean": both["score"].mean(), "base_mean": both["score_base"].mean(), "verdict": verdict}
+    if difference is not None:
+        line |= {"diff": difference.mean, "diff_low": difference.low, "diff_high": difference.high}
+        line |= {"p": difference.p, "mde": difference.detectable}
+    return line
+
+
 def contrast_table(
     benchmark: Benchmark,
     rows: list[dict],
@@ -235,13 +249,9 @@ def contrast_table(
         for (budget, press), group in frame.groupby(["budget", "press"], sort=False):
             first, second = (group[group["side"] == side].set_index("pair") for side in (0, 1))
             label = f"{contrast.name}, {budget}, {press}"
-            verdict, difference = compare(first, second, label, resamples, seed, metric.higher_is_better)
-            both = first.join(second, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
-            line = {"contrast": prefix + contrast.name, "budget": budget, "press": press, "n": len(both)}
-            line |= {"minuend": both["score"].mean(), "subtrahend": both["score_base"].mean(), "verdict": verdict}
-            if difference is not None:
-                line |= {"diff": difference.mean, "diff_low": difference.low, "diff_high": difference.high}
-                line |= {"p": difference.p, "mde": difference.detectable}
+            paired = paired_line(first, second, label, resamples, seed, metric.higher_is_better)
+            line = {"contrast": prefix + contrast.name, "budget": budget, "press": press}
+            line |= {"minuend": paired.pop("mean"), "subtrahend": paired.pop("base_mean")} | paired
             lines.append(line | {"metric": metric, "digits": metric.digits, "note": contrast.note})
     columns = ["contrast", "budget", "press", "n", "minuend", "subtrahend", "diff", "diff_low", "diff_high", "verdict"]
     table = pd.DataFrame(lines).reindex(columns=[*columns, "p", "mde", "metric", "digits", "note"])
@@ -291,15 +301,10 @@ def press_contrast_table(
             if base is None or press == FULL_CACHE or plan_spec(press).name != contrast.press:
                 continue
             label = f"{condition}, {budget}, {press} against {contrast.baseline}"
-            verdict, difference = compare(cell, base, label, resamples, seed, metric.higher_is_better)
-            both = cell.join(base, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
+            paired = paired_line(cell, base, label, resamples, seed, metric.higher_is_better)
             line = dict(zip(keys, (metric, condition, budget, press), strict=True)) | {"baseline": contrast.baseline}
-            line |= {"n": len(both), "press_mean": both["score"].mean(), "baseline_mean": both["score_base"].mean()}
-            line |= {"verdict": verdict, "digits": metric.digits}
-            if difference is not None:
-                line |= {"diff": difference.mean, "diff_low": difference.low, "diff_high": difference.high}
-                line |= {"p": difference.p, "mde": difference.detectable}
-            lines.append(line)
+            line |= {"press_mean": paired.pop("mean"), "baseline_mean": paired.pop("base_mean")} | paired
+            lines.append(line | {"digits": metric.digits})
     columns = [*PRESS_CONTRAST_COLUMNS, "diff", "diff_low", "diff_high", "verdict", "p", "mde", "digits"]
     table = pd.DataFrame(lines).reindex(columns=columns)
     with_holm(table, [""])
@@ -467,18 +472,17 @@ def write_scorecard(
         lines += ["", f"## {heading}", *score_tables(chosen, ran, held, "###")]
     for prefix, against in baselines(reference):
         lines += comparison_section(summary, prefix, against)
-    if contrasts is not None and not contrasts.empty:
-        with replaced(output / "contrasts.csv") as staging:
-            contrasts.drop(columns=["digits", "note"]).assign(metric=contrasts["metric"].map(metric_name)).to_csv(
-                staging, index=False
-            )
-        lines += contrast_section(contrasts)
-    if press_contrasts is not None and not press_contrasts.empty:
-        with replaced(output / "press_contrasts.csv") as staging:
-            press_contrasts.drop(columns="digits").assign(metric=press_contrasts["metric"].map(metric_name)).to_csv(
-                staging, index=False
-            )
-        lines += press_contrast_section(press_contrasts)
+    sections = (
+        (contrasts, "contrasts.csv", ["digits", "note"], contrast_section),
+        (press_contrasts, "press_contrasts.csv", ["digits"], press_contrast_section),
+    )
+    for table, name, internal, section in sections:
+        if table is not None and not table.empty:
+            with replaced(output / name) as staging:
+                table.drop(columns=internal).assign(metric=table["metric"].map(metric_name)).to_csv(
+                    staging, index=False
+                )
+            lines += section(table)
     write_atomically(output / "scorecard.md", "\n".join(lines + (appendix or [])) + "\n")
     plot_scores(output / "scorecard.png", summary, presses, budgets)
     plot_forest(output / "forest.png", summary, reference)

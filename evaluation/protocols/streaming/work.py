@@ -50,8 +50,8 @@ def evictions(rows: list[dict]) -> str:
             key = (row["conversation"], row["question_index"])
             label = row["budget_label"].removesuffix(OVER_THE_CONTEXT)
             over.setdefault(label, {})[key] = row["history_tokens"] > row["kept_tokens"]
-    counts = ", ".join(f"{sum(seen.values())} of {len(seen)} at {label}" for label, seen in over.items())
-    return f"the history exceeded the budget (the presses evicted) for {counts} questions" if over else ""
+    counts = ", ".join(f"{sum(seen.values())} of {len(seen)} questions at {label}" for label, seen in over.items())
+    return f"the history exceeded the budget (the presses evicted) for {counts}" if over else ""
 
 
 def checked_cells(config: StreamConfig, dry_run: bool = False) -> list[Cell]:
