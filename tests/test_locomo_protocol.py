@@ -12,6 +12,7 @@ from evaluation.metrics.locomo import multi_hop_f1, normalize_answer, score, ste
 from evaluation.protocols.locomo.data import parse_conversation
 from evaluation.protocols.locomo.render import choice_options, question_prompt, render_conversation, resolve_choice
 from evaluation.protocols.streaming.episodes import Question
+from evaluation.protocols.streaming.work import evictions
 from tests.helpers import saved_chat_model
 
 CONVERSATION = {
@@ -149,6 +150,20 @@ def locomo(model_dir: Path, data: Path, output: Path, *extra: str) -> int:
         "4",
     ]
     return main([*argv, *extra])
+
+
+def test_the_eviction_count_names_its_questions_at_each_budget():
+    def row(index: int, label: str, history: int, kept: int, press: str = "h2o") -> dict:
+        keys = {"conversation": "c", "question_index": index, "press": press, "budget_label": label}
+        return keys | {"history_tokens": history, "kept_tokens": kept}
+
+    rows = [row(0, "512 tokens", 900, 512), row(1, "512 tokens", 700, 512), row(0, "1800 tokens", 900, 900)]
+    rows += [row(1, "1800 tokens", 2000, 1800), row(0, "512 tokens", 900, 900, "full")]
+    assert evictions(rows) == (
+        "the history exceeded the budget (the presses evicted) for 2 of 2 questions at 512 tokens, "
+        "1 of 2 questions at 1800 tokens"
+    )
+    assert evictions(rows[-1:]) == ""
 
 
 def test_stream_runs_resumes_and_writes_the_scorecard(model_dir, data_file, tmp_path):
