@@ -412,9 +412,74 @@ def readme_claims() -> list[str]:
     ]
 
 
+def bench(name: str) -> dict:
+    return json.loads((RESULTS / "bench" / f"{name}.json").read_text())
+
+
+def made_at(report: dict) -> str:
+    return f"({report['date'][:10]} at {report['commit'][:7]}"
+
+
+def path_claims(paths: dict) -> list[str]:
+    examples = [
+        f"{e['shared_seconds']:.1f} s / {e['per_cell_seconds']:.1f} s = {e['ratio']:.3f} "
+        f"({e['context_tokens']:,} tokens)"
+        for e in paths["examples"]
+    ]
+    same = min(e["same_predictions"] for e in paths["examples"])
+    cells = f"{same} of {paths['cells']} cells predict the same text"
+    return [*examples, f"median {paths['median_ratio']:.3f}", cells]
+
+
+def bench_claims() -> list[str]:
+    names = ("grid", "grid_goal", "scoring", "memory", "protocols")
+    grid, goal, scoring, memory, protocols = (bench(name) for name in names)
+    ray, history, decoding = grid["ray"], protocols["locomo_history"], protocols["longbench_decoding"]
+    claims = [made_at(report) for report in (grid, goal, scoring, memory, protocols)]
+    ratios = [q["incremental_s"] / q["naive_s"] for q in history["per_question"]]
+    claims += [
+        f"{history['questions']} questions, nothing else running): LoCoMo {history['conversation']}",
+        f"median {history['median_incremental_s']:.2f} s against {history['median_naive_s']:.1f} s, ratio "
+        f"{history['median_ratio']:.3f} (goal {history['goal']}; per question {min(ratios):.3f} to {max(ratios):.3f})",
+        f"{decoding['caches']} caches decoded in one ragged batch against one at a time, "
+        f"{decoding['median_tokens_per_second']['batched']:.1f} against "
+        f"{decoding['median_tokens_per_second']['one_at_a_time']:.1f} tokens per second, {decoding['ratio']:.2f}x",
+        f"ceiling for the ratio in the same run: {decoding['ceiling']['ratio']:.2f}x",
+    ]
+    claims += path_claims(grid["paths"]) + path_claims(goal["paths"])
+    claims.append(
+        f"{ray['median_seconds']['2']:.1f} s / {ray['median_seconds']['1']:.1f} s = {ray['ratio_2_over_1']:.3f}"
+    )
+    modes = list(scoring["lengths"]["2048"])[1:]
+    for length, medians in scoring["lengths"].items():
+        ratios = (f"{medians[mode]['time_ratio']:.2f}x, {medians[mode]['rss_ratio']:.2f}x" for mode in modes)
+        claims.append(f"| {int(length):,} | {' | '.join(ratios)} |")
+    added = (m["h2o"]["peak_rss_gb"] - m["sdpa"]["peak_rss_gb"] for m in scoring["lengths"].values())
+    claims.append(f"({', '.join(f'{gb:.2f}' for gb in added)} GB;")
+    eight = scoring["lengths"]["8192"]
+    claims.append(f"peaks at {eight['h2o']['peak_rss_gb']:.2f} GB against {eight[modes[1]]['peak_rss_gb']:.2f} GB")
+    claims.append(f"chunked and {eight[modes[2]]['peak_rss_gb']:.2f} GB fused")
+    long = scoring["long"][modes[1]]
+    claims.append(
+        f"{scoring['long']['length']:,} tokens completes in {long['seconds']:.0f} s with a {long['peak_rss_gb']:.2f} GB"
+    )
+    peaks, seconds = memory["median_peak_over_kv_cache"], memory["median_seconds"]
+    here, reference, plain = peaks["this checkout"], peaks["reference 003305c"], peaks["plain prefill"]
+    claims += [
+        f"{here:.2f} full KV caches here against {reference:.2f} at 003305c",
+        f"grows by {plain:.2f} caches ({plain - 1:.2f} of activations above its cache)",
+        f"the ideal is {memory['ideal_over_kv_cache']:.2f}",
+        f"{here:.2f} - {plain - 1:.2f} = {here - plain + 1:.2f}, within the ideal",
+        f"took {seconds['this checkout']:.1f} s here against {seconds['reference 003305c']:.1f} s at 003305c "
+        f"(ratio {memory['seconds_over_reference']:.3f})",
+    ]
+    return claims
+
+
 DOCUMENTS = {
     "results/README.md": results_claims,
     "README.md": readme_claims,
+    "docs/benchmarks.md": bench_claims,
 }
 
 
@@ -435,6 +500,12 @@ def test_every_claim_row_is_its_file():
     assert len(found) >= 40, "results/README.md states its claims as rows naming their cells"
     wrong = [(spec, printed, expected) for spec, printed, expected in found if printed != expected]
     assert not wrong, f"rows that do not say what their cells hold: {wrong}"
+
+
+@pytest.mark.parametrize("report", sorted(path.stem for path in (RESULTS / "bench").glob("*.json")))
+def test_every_bench_report_records_the_clean_commit_it_was_measured_at(report):
+    commit = bench(report).get("commit", "")
+    assert re.fullmatch(r"[0-9a-f]{7,40}", commit), f"results/bench/{report}.json records no clean commit: {commit!r}"
 
 
 @pytest.mark.parametrize("document", DOCUMENTS)
