@@ -227,7 +227,7 @@ def test_evidence_placement_asks_each_question_after_its_last_evidence_session(m
     larger = tmp_path / "larger"
     budgets = ("--budgets", "200", str(max(tokens)))
     assert locomo(model_dir, data_file, larger, "--placement", "evidence", "--presses", "full", "h2o", *budgets) == 0
-    evicted = f"evicted) for 4 of 4 at 200 tokens, 0 of 4 at {max(tokens)} tokens questions"
+    evicted = f"evicted) for 4 of 4 questions at 200 tokens, 0 of 4 questions at {max(tokens)} tokens"
     assert evicted in (larger / "scorecard.md").read_text(), "a budget as long as the history evicts nothing"
     filed = tmp_path / "file"
     assert locomo(model_dir, data_file, filed, "--presses", "full") == 0
