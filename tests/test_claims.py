@@ -386,14 +386,20 @@ def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {round(seconds % 60)} s"
 
 
+def bench(name: str) -> dict:
+    return json.loads((RESULTS / "bench" / f"{name}.json").read_text())
+
+
+def tokens_per_second(decoding: dict) -> str:
+    speeds = decoding["median_tokens_per_second"]
+    return f"{speeds['batched']:.1f} against {speeds['one_at_a_time']:.1f} tokens per second, {decoding['ratio']:.2f}x"
+
+
 def readme_claims() -> list[str]:
-    protocols = json.loads((RESULTS / "bench" / "protocols.json").read_text())
+    protocols = bench("protocols")
     history, decoding = protocols["locomo_history"], protocols["longbench_decoding"]
     lengths = [q["history_tokens"] for q in history["per_question"]]
-    first = {
-        run["command"]: run["wall_seconds"]
-        for run in json.loads((RESULTS / "bench" / "first_commands.json").read_text())["runs"]
-    }
+    first = {run["command"]: run["wall_seconds"] for run in bench("first_commands")["runs"]}
     middle = sum(r["correct"] for r in rows(MIDDLE) if r["press"] == "h2o" and r["budget"] == "top 4 of 16")
     rmm = scorecard(LB)["answer NLL", "multi_news", "keep 50%", "rmm"]
     full = scorecard(MQ)["score", "overall", "full", "full"]
@@ -406,14 +412,9 @@ def readme_claims() -> list[str]:
         f"over {history['questions']} questions of {history['conversation']} ({min(lengths) // 100 * 100:,} to "
         f"{-(-max(lengths) // 100) * 100:,} history tokens): {history['median_incremental_s']:.2f} s against "
         f"{history['median_naive_s']:.1f} s, median ratio {history['median_ratio']:.3f}",
-        f"{decoding['median_tokens_per_second']['batched']:.1f} against "
-        f"{decoding['median_tokens_per_second']['one_at_a_time']:.1f} tokens per second, {decoding['ratio']:.2f}x",
+        tokens_per_second(decoding),
         f"measured by the same script, is {decoding['ceiling']['ratio']:.2f}x",
     ]
-
-
-def bench(name: str) -> dict:
-    return json.loads((RESULTS / "bench" / f"{name}.json").read_text())
 
 
 def made_at(report: dict) -> str:
@@ -436,14 +437,13 @@ def bench_claims() -> list[str]:
     grid, goal, scoring, memory, protocols = (bench(name) for name in names)
     ray, history, decoding = grid["ray"], protocols["locomo_history"], protocols["longbench_decoding"]
     claims = [made_at(report) for report in (grid, goal, scoring, memory, protocols)]
-    ratios = [q["incremental_s"] / q["naive_s"] for q in history["per_question"]]
+    per_question = [q["incremental_s"] / q["naive_s"] for q in history["per_question"]]
     claims += [
         f"{history['questions']} questions, nothing else running): LoCoMo {history['conversation']}",
         f"median {history['median_incremental_s']:.2f} s against {history['median_naive_s']:.1f} s, ratio "
-        f"{history['median_ratio']:.3f} (goal {history['goal']}; per question {min(ratios):.3f} to {max(ratios):.3f})",
-        f"{decoding['caches']} caches decoded in one ragged batch against one at a time, "
-        f"{decoding['median_tokens_per_second']['batched']:.1f} against "
-        f"{decoding['median_tokens_per_second']['one_at_a_time']:.1f} tokens per second, {decoding['ratio']:.2f}x",
+        f"{history['median_ratio']:.3f} (goal {history['goal']}; per question {min(per_question):.3f} to "
+        f"{max(per_question):.3f})",
+        f"{decoding['caches']} caches decoded in one ragged batch against one at a time, {tokens_per_second(decoding)}",
         f"ceiling for the ratio in the same run: {decoding['ceiling']['ratio']:.2f}x",
     ]
     claims += path_claims(grid["paths"]) + path_claims(goal["paths"])

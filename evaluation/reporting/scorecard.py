@@ -219,13 +219,20 @@ def compare(
 
 
 def paired_line(
-    cell: pd.DataFrame, base: pd.DataFrame, label: str, resamples: int, seed: int, higher_is_better: bool
+    cell: pd.DataFrame,
+    base: pd.DataFrame,
+    means: tuple[str, str],
+    label: str,
+    resamples: int,
+    seed: int,
+    higher_is_better: bool,
 ) -> dict:
-    """``compare``'s verdict of ``cell`` against ``base`` as a table line's fields: the pairs' count and both means
-    over them, the verdict, and the paired difference with its interval, p-value and MDE where there is one."""
+    """``compare``'s verdict of ``cell`` against ``base`` as a table line's fields: the pairs' count, both means
+    over them (named ``means``), the verdict, and the paired difference with its interval, p-value and MDE where
+    there is one."""
     verdict, difference = compare(cell, base, label, resamples, seed, higher_is_better)
     both = cell.join(base, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
-    line = {"n": len(both), "mean": both["score"].mean(), "base_mean": both["score_base"].mean(), "verdict": verdict}
+    line = {"n": len(both), means[0]: both["score"].mean(), means[1]: both["score_base"].mean(), "verdict": verdict}
     if difference is not None:
         line |= {"diff": difference.mean, "diff_low": difference.low, "diff_high": difference.high}
         line |= {"p": difference.p, "mde": difference.detectable}
@@ -249,9 +256,10 @@ def contrast_table(
         for (budget, press), group in frame.groupby(["budget", "press"], sort=False):
             first, second = (group[group["side"] == side].set_index("pair") for side in (0, 1))
             label = f"{contrast.name}, {budget}, {press}"
-            paired = paired_line(first, second, label, resamples, seed, metric.higher_is_better)
             line = {"contrast": prefix + contrast.name, "budget": budget, "press": press}
-            line |= {"minuend": paired.pop("mean"), "subtrahend": paired.pop("base_mean")} | paired
+            line |= paired_line(
+                first, second, ("minuend", "subtrahend"), label, resamples, seed, metric.higher_is_better
+            )
             lines.append(line | {"metric": metric, "digits": metric.digits, "note": contrast.note})
     columns = ["contrast", "budget", "press", "n", "minuend", "subtrahend", "diff", "diff_low", "diff_high", "verdict"]
     table = pd.DataFrame(lines).reindex(columns=[*columns, "p", "mde", "metric", "digits", "note"])
@@ -301,9 +309,9 @@ def press_contrast_table(
             if base is None or press == FULL_CACHE or plan_spec(press).name != contrast.press:
                 continue
             label = f"{condition}, {budget}, {press} against {contrast.baseline}"
-            paired = paired_line(cell, base, label, resamples, seed, metric.higher_is_better)
             line = dict(zip(keys, (metric, condition, budget, press), strict=True)) | {"baseline": contrast.baseline}
-            line |= {"press_mean": paired.pop("mean"), "baseline_mean": paired.pop("base_mean")} | paired
+            means = ("press_mean", "baseline_mean")
+            line |= paired_line(cell, base, means, label, resamples, seed, metric.higher_is_better)
             lines.append(line | {"digits": metric.digits})
     columns = [*PRESS_CONTRAST_COLUMNS, "diff", "diff_low", "diff_high", "verdict", "p", "mde", "digits"]
     table = pd.DataFrame(lines).reindex(columns=columns)
