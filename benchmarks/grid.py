@@ -71,14 +71,13 @@ def ray_workers(args: argparse.Namespace) -> dict:
 
 
 def multi_news_grid(presses: list[str], n: int, data: Path, max_length: int | None = None) -> tuple:
-    """SmolLM2 loaded, a LongBench config of ``presses`` at keep 50% and 25% on multi_news, its task config, its
-    cells, and each of the first ``n`` examples with its prompt (official truncation unless ``max_length``)."""
+    """SmolLM2 loaded, a LongBench config of ``presses`` at keep 50% and 25% on multi_news, its cells, and each of
+    the first ``n`` examples as a case (official truncation unless ``max_length``)."""
     from evaluation.catalogue.budgets import parse_budgets, press_cells
     from evaluation.catalogue.resolved import resolve_presses
-    from evaluation.protocols.longbench.cells import prompt_budget
+    from evaluation.protocols.longbench.cells import case_of, prompt_budget
     from evaluation.protocols.longbench.config import LongBenchConfig
     from evaluation.protocols.longbench.data import load_configs, load_task
-    from evaluation.protocols.longbench.prompts import build_prompt
     from evaluation.protocols.longbench.protocol import DEFAULT_RATIOS
     from evaluation.runs.models import ModelSettings
     from evaluation.runs.terminal import quiet_libraries
@@ -100,25 +99,23 @@ def multi_news_grid(presses: list[str], n: int, data: Path, max_length: int | No
     task = load_configs(data, config.tasks)["multi_news"]
     cells = press_cells(resolve_presses(config.presses), config.budgets, "")
     budget = prompt_budget(config, model, tokenizer, task)
-    examples = [
-        (example, build_prompt(example, task, tokenizer, budget, False)) for example in load_task(data, "multi_news", n)
-    ]
-    return model, tokenizer, config, task, cells, examples
+    examples = [case_of(example, task, tokenizer, budget, False) for example in load_task(data, "multi_news", n)]
+    return model, tokenizer, config, cells, examples
 
 
 def shared_against_per_cell(args: argparse.Namespace) -> dict:
-    from evaluation.protocols.longbench.cells import run_cell, run_shared
+    from evaluation.protocols.single_turn.cells import run_cell, run_shared
 
-    model, tokenizer, config, task, cells, examples = multi_news_grid(args.presses, args.n, args.data)
+    model, tokenizer, config, cells, examples = multi_news_grid(args.presses, args.n, args.data)
     report: dict = {"presses": args.presses, "cells": len(cells), "examples": []}
-    for index, (example, prompt) in enumerate(examples):
+    for index, example in enumerate(examples):
         seconds, predictions = {}, {}
         for path in ("shared", "per-cell") if index % 2 == 0 else ("per-cell", "shared"):
             start = time.perf_counter()
             if path == "shared":
-                rows = run_shared(model, tokenizer, config, task, example, prompt, cells)
+                rows = run_shared(model, tokenizer, config, example, cells)
             else:
-                rows = [run_cell(model, tokenizer, config, task, example, prompt, *cell) for cell in cells]
+                rows = [run_cell(model, tokenizer, config, example, *cell) for cell in cells]
             seconds[path] = time.perf_counter() - start
             predictions[path] = [row["prediction"] for row in rows]
             print(f"{example.id}: {path} {seconds[path]:.1f} s", flush=True)
@@ -126,7 +123,7 @@ def shared_against_per_cell(args: argparse.Namespace) -> dict:
         report["examples"].append(
             {
                 "id": example.id,
-                "context_tokens": prompt.context_ids.shape[1],
+                "context_tokens": example.prompt.context_ids.shape[1],
                 "shared_seconds": round(seconds["shared"], 1),
                 "per_cell_seconds": round(seconds["per-cell"], 1),
                 "ratio": round(seconds["shared"] / seconds["per-cell"], 3),

@@ -42,16 +42,16 @@ def main() -> None:
 
 
 def with_and_without(args: argparse.Namespace) -> dict:
-    from evaluation.protocols.longbench.cells import run_shared
+    from evaluation.protocols.single_turn.cells import run_shared
 
-    model, tokenizer, config, task, cells, examples = multi_news_grid(args.presses, args.n, args.data, args.max_length)
+    model, tokenizer, config, cells, examples = multi_news_grid(args.presses, args.n, args.data, args.max_length)
     report: dict = {"presses": args.presses, "cells": len(cells), "examples": []}
-    for index, (example, prompt) in enumerate(examples):
+    for index, example in enumerate(examples):
         seconds, predictions, tokens = {}, {}, {}
         for forced in (True, False) if index % 2 == 0 else (False, True):
-            run = example if forced else replace(example, answers=[])
+            run = example if forced else replace(example, gold=None)
             start = time.perf_counter()
-            rows = run_shared(model, tokenizer, config, task, run, prompt, cells)
+            rows = run_shared(model, tokenizer, config, run, cells)
             seconds[forced] = time.perf_counter() - start
             predictions[forced] = [row["prediction"] for row in rows]
             tokens[forced] = [row.get("answer_tokens") for row in rows]
@@ -59,7 +59,7 @@ def with_and_without(args: argparse.Namespace) -> dict:
         report["examples"].append(
             {
                 "id": example.id,
-                "context_tokens": prompt.context_ids.shape[1],
+                "context_tokens": example.prompt.context_ids.shape[1],
                 "answer_tokens": tokens[True][0],
                 "with_seconds": round(seconds[True], 1),
                 "without_seconds": round(seconds[False], 1),

@@ -36,7 +36,19 @@ import dataclasses, json, resource, sys, tempfile, time
 from pathlib import Path
 import torch
 from transformers import DynamicCache
-if Path("evaluation/protocols").is_dir():  # the layout of c75a70c and after
+if Path("evaluation/protocols/single_turn").is_dir():  # cells of a case, shared by the single-turn protocols
+    from evaluation.catalogue.budgets import Budget
+    from evaluation.protocols.longbench.cells import case_of
+    from evaluation.protocols.longbench.config import LongBenchConfig
+    from evaluation.protocols.longbench.data import load_configs, load_task
+    from evaluation.protocols.longbench.prompts import build_prompt
+    from evaluation.protocols.single_turn import cells as single_turn
+    from evaluation.runs.models import ModelSettings
+    from evaluation.runs.terminal import quiet_libraries
+
+    def run_shared(model, tokenizer, config, task, example, prompt, cells):
+        return single_turn.run_shared(model, tokenizer, config, case_of(example, task, tokenizer, length, False), cells)
+elif Path("evaluation/protocols").is_dir():  # the layout of c75a70c and after
     from evaluation.catalogue.budgets import Budget
     from evaluation.protocols.longbench.cells import run_shared
     from evaluation.protocols.longbench.config import LongBenchConfig

@@ -16,14 +16,14 @@ from evaluation.catalogue.resolved import resolve_press
 from evaluation.cli.main import main
 from evaluation.engine.decoding import answer_ids_of
 from evaluation.protocols.locomo.render import ABSTAIN
-from evaluation.protocols.longbench import cells
+from evaluation.protocols.longbench.cells import case_of
 from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import TaskConfig, load_configs, load_task
-from evaluation.protocols.longbench.prompts import build_prompt
 from evaluation.protocols.probe.facts import gold_answer, probes
 from evaluation.protocols.probe.prompt import prompt_ids
 from evaluation.protocols.probe.protocol import ProbeConfig
 from evaluation.protocols.probe.work import probe_rows
+from evaluation.protocols.single_turn import cells
 from evaluation.protocols.streaming import conversation as streamed
 from evaluation.runs.models import ModelSettings
 from tests.helpers import SHARED_DATA, byte_tokenizer, tiny_model
@@ -96,8 +96,8 @@ def reference(model_dir, data_dir):  # noqa: F811
     for task in ("hotpotqa", "trec"):
         for example in load_task(data_dir, task, 2):
             for aware in (False, True):
-                prompt = build_prompt(example, configs[task], tokenizer, MAX_LENGTH, aware)
-                prompts[task, example.id, aware] = (prompt, cells.gold_answer_ids(tokenizer, example, configs[task]))
+                case = case_of(example, configs[task], tokenizer, MAX_LENGTH, aware)
+                prompts[task, example.id, aware] = (case.prompt, cells.gold_answer_ids(tokenizer, case))
     return model, tokenizer, prompts, configs
 
 
@@ -145,7 +145,7 @@ def test_an_answer_cut_to_the_official_length_and_none_without_answers(model_dir
 @pytest.mark.parametrize("path", ["shared", "per-cell"])
 def test_longbench_predictions_are_the_same_without_the_likelihood(model_dir, data_dir, tmp_path, monkeypatch, path):  # noqa: F811
     forced = longbench(model_dir, data_dir, tmp_path / "forced", "--path", path)
-    monkeypatch.setattr(cells, "gold_answer_ids", lambda tokenizer, example, task_config: [])
+    monkeypatch.setattr(cells, "gold_answer_ids", lambda tokenizer, case: [])
     plain = longbench(model_dir, data_dir, tmp_path / "plain", "--path", path)
     assert all(row["answer_nll"] is None and row["answer_tokens"] == 0 for row in plain)
 
@@ -279,13 +279,14 @@ def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2, monkeypatch):
     official = load_configs(shared_data, ["multi_news"])["multi_news"]
     task = TaskConfig(official.prompt, 16)
     example = load_task(shared_data, "multi_news", 1)[0]
-    prompt = build_prompt(example, task, tokenizer, 1024, False)
+    case = case_of(example, task, tokenizer, 1024, False)
+    prompt = case.prompt
     half = Budget("ratio", 0.5)
     config = LongBenchConfig(ModelSettings(), ["multi_news"], ["snapkv", "tova"], [half], 1, False, None, Path("-"))
-    shared = cells.run_shared(model, tokenizer, config, task, example, prompt, [("full", None), ("snapkv", half)])
-    per_cell = cells.run_cell(model, tokenizer, config, task, example, prompt, "tova", half)
+    shared = cells.run_shared(model, tokenizer, config, case, [("full", None), ("snapkv", half)])
+    per_cell = cells.run_cell(model, tokenizer, config, case, "tova", half)
     model.set_attn_implementation("sdpa")
-    answer = cells.gold_answer_ids(tokenizer, example, task)
+    answer = cells.gold_answer_ids(tokenizer, case)
     context, question = prompt.context_ids, prompt.question_ids[0].tolist()
     assert all(row["answer_tokens"] == len(answer) == 16 for row in [*shared, per_cell])
     expected = plain_nll(model, None, 0, context[0].tolist() + question, answer)
@@ -295,8 +296,8 @@ def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2, monkeypatch):
         model.set_attn_implementation("sdpa")
         assert row["answer_nll"] == pytest.approx(expected, abs=TOLERANCE), row["press"]
     assert shared[0]["answer_nll"] != shared[1]["answer_nll"]
-    monkeypatch.setattr(cells, "gold_answer_ids", lambda tokenizer, example, task_config: [])
-    plain = cells.run_shared(model, tokenizer, config, task, example, prompt, [("full", None), ("snapkv", half)])
+    monkeypatch.setattr(cells, "gold_answer_ids", lambda tokenizer, case: [])
+    plain = cells.run_shared(model, tokenizer, config, case, [("full", None), ("snapkv", half)])
     assert [row["prediction"] for row in plain] == [row["prediction"] for row in shared], "the same generations"
 
 

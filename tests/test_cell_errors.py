@@ -86,7 +86,7 @@ def test_an_error_in_the_full_cache_cell_stops_the_run_and_the_rerun_resumes(
             raise ValueError("the model met an input it cannot take")
         return generate(model, context, question, press, *args, **kwargs)
 
-    import evaluation.protocols.longbench.cells as cells
+    import evaluation.protocols.single_turn.cells as cells
 
     monkeypatch.setattr(cells, "generate", failing_on_the_second_full_cell)
     arguments = ("--path", "per-cell", "--presses", "full", "knorm")
@@ -233,10 +233,10 @@ def test_every_cell_restores_the_models_attention(monkeypatch):
     the same process once ran AdaKV under eager attention and failed)."""
     from evaluation.catalogue.budgets import Budget
     from evaluation.catalogue.resolved import resolve_presses
-    from evaluation.protocols.longbench.cells import run_cell
+    from evaluation.protocols.longbench.cells import case_of
     from evaluation.protocols.longbench.config import LongBenchConfig
     from evaluation.protocols.longbench.data import Example, TaskConfig
-    from evaluation.protocols.longbench.prompts import build_prompt
+    from evaluation.protocols.single_turn.cells import run_cell
     from evaluation.runs.models import ModelSettings
     from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
 
@@ -245,8 +245,7 @@ def test_every_cell_restores_the_models_attention(monkeypatch):
     config = LongBenchConfig(ModelSettings(), ["hotpotqa"], ["h2o"], [], None, False, None, Path("out"))
     task = TaskConfig("{context}\nQuestion: {input}\nAnswer:", 4)
     example = Example("hotpotqa", "0", "Which word?", "amber river stone " * 20, ["amber"], None)
-    prompt = build_prompt(example, task, tokenizer, 200, False)
-    cell = (model, tokenizer, config, task, example, prompt, "h2o", Budget("ratio", 0.5))
+    cell = (model, tokenizer, config, case_of(example, task, tokenizer, 200, False), "h2o", Budget("ratio", 0.5))
     row = run_cell(*cell)
     assert row["attn_implementation"] == "eager" and not row.get("error")
     assert model.config._attn_implementation == "sdpa"

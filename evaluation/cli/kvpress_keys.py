@@ -2,10 +2,13 @@
 
 The keys are those of the ``EvaluationConfig`` of KVPress's ``evaluation/evaluate.py``. A key with a meaning here
 becomes the option that means it: ``press_name`` the presses, ``compression_ratio`` the ratios, ``model`` and
-``device`` themselves, ``model_kwargs``' ``attn_implementation`` and ``dtype`` the model's, and ``dataset:
-longbench`` with a ``data_dir`` (a task) the LongBench tasks. A key with none is accepted at KVPress's default
-with a one-line note, and refused at any other value, by name and with the reason. ``dataset`` at KVPress's
-default (``ruler``, with its ``data_dir``) is noted: the subcommand says which protocol runs.
+``device`` themselves, ``model_kwargs``' ``attn_implementation`` and ``dtype`` the model's, ``query_aware`` and
+``needle_depth`` (the needle's depths) where a subcommand takes them, and ``dataset`` with its ``data_dir`` the
+subcommand's data: ``longbench`` a LongBench task, ``ruler`` a length (RULER's data_dir is its length),
+``needle_in_haystack`` nothing more, and under ``kvpress`` any registry name with its hub subset. A key with none
+is accepted at KVPress's default with a one-line note, and refused at any other value, by name and with the
+reason. ``dataset`` at KVPress's default (``ruler``, with its ``data_dir``) under another subcommand is noted: the
+subcommand says which protocol runs.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pathlib import Path
 
 from evaluation.errors import EvaluationError
 
-ALIASES = {"press_name": "presses", "compression_ratio": "ratios"}
+ALIASES = {"press_name": "presses", "compression_ratio": "ratios", "needle_depth": "depths"}
+OWN_DATASET = {"longbench": "longbench", "ruler": "ruler", "needle": "needle_in_haystack"}  # subcommand: its dataset
+DATA_DIR = {"longbench": "tasks", "ruler": "lengths", "kvpress": "subset"}  # what a data_dir is to a subcommand
 MODEL_KWARGS = {"attn_implementation": "attn_implementation", "dtype": "dtype"}
 DEFAULT_DATASET = "ruler"
 
@@ -39,7 +44,7 @@ UNMAPPED = {
     "max_new_tokens": Unmapped(None, "each task's own answer length is used"),
     "max_context_length": Unmapped(None, "LongBench's prompt is cut in the middle at --max-length"),
     "query_aware": Unmapped(False, "the question is asked after the compression"),
-    "needle_depth": Unmapped(None, "KVPress's needle_in_haystack dataset is not run"),
+    "needle_depth": Unmapped(None, "only the needle subcommand places a needle (--depths)"),
     "compression_interval": Unmapped(None, "a decoding press's spec gives it: decoding(tova,compression_interval=1)"),
     "target_size": Unmapped(None, "the budget sets a decoding press's target size"),
     "hidden_states_buffer_size": Unmapped(None, "a decoding press's spec gives it"),
@@ -63,15 +68,21 @@ def translated(values: dict, command: str, options: set[str], path: Path) -> tup
     notes = []
     given |= model_settings(values.get("model_kwargs"), path)
     dataset, data_dir = values.get("dataset"), values.get("data_dir")
-    if dataset in (None, DEFAULT_DATASET) and ("dataset" in values or "data_dir" in values):
-        with_dir = f" (data_dir {data_dir!r} with it)" if data_dir is not None else ""
-        notes.append(f"dataset {DEFAULT_DATASET!r}{with_dir} is KVPress's default; this subcommand runs {command}")
-    elif dataset is not None and dataset != command:
-        raise EvaluationError(f"--config {path}: dataset {dataset!r}: this subcommand runs {command}; give {command}")
-    elif data_dir is not None:
-        if "tasks" not in options:
-            raise EvaluationError(f"--config {path}: data_dir {data_dir!r}: {command} takes no task; give --data")
-        given["tasks"] = data_dir
+    if "dataset" in values or "data_dir" in values:
+        named = dataset or DEFAULT_DATASET
+        if command == "kvpress":
+            given["dataset"] = named
+        if command == "kvpress" or named == OWN_DATASET.get(command):
+            if data_dir is not None and DATA_DIR.get(command) not in options:
+                raise EvaluationError(f"--config {path}: data_dir {data_dir!r}: {command} takes none; leave it out")
+            if data_dir is not None:
+                given[DATA_DIR[command]] = data_dir
+        elif named == DEFAULT_DATASET:
+            with_dir = f" (data_dir {data_dir!r} with it)" if data_dir is not None else ""
+            notes.append(f"dataset {DEFAULT_DATASET!r}{with_dir} is KVPress's default; this subcommand runs {command}")
+        else:
+            runs = OWN_DATASET.get(command, command)
+            raise EvaluationError(f"--config {path}: dataset {named!r}: this subcommand runs {runs}; give {runs}")
     for key in [key for key in given if key in UNMAPPED and ALIASES.get(key, key) not in options]:
         value, unmapped = given.pop(key), UNMAPPED[key]
         if value != unmapped.default:

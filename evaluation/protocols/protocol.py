@@ -41,6 +41,8 @@ PROTOCOL_MODULES = (
     "evaluation.protocols.traces.protocol",
     "evaluation.protocols.probe.protocol",
     "evaluation.protocols.perplexity.protocol",
+    "evaluation.protocols.ruler.protocol",
+    "evaluation.protocols.kvpress.protocol",
 )
 
 

@@ -77,7 +77,7 @@ def example_of(row: dict, number: int, path: Path) -> KVPressExample:
         if not isinstance(row[column], str):
             raise EvaluationError(f"{path}: row {number}: {column} must be a string")
     answer = row["answer"]
-    answers = (answer,) if isinstance(answer, str) else tuple(answer) if answer is not None else ()
+    answers = (answer,) if isinstance(answer, str) else tuple(answer) if hasattr(answer, "__iter__") else ()
     if not answers or not all(isinstance(item, str) for item in answers):
         raise EvaluationError(f"{path}: row {number}: answer must be a string or a list of strings")
     tokens = row["max_new_tokens"]

@@ -12,7 +12,8 @@ from evaluation.catalogue.budgets import budget_of, parse_budgets
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
 from evaluation.protocols.options import fraction, whole
-from evaluation.protocols.protocol import LIKELIHOOD, Protocol, Row, register
+from evaluation.protocols.protocol import LIKELIHOOD, Protocol, register
+from evaluation.protocols.single_turn.row import CellRow
 from evaluation.reporting.conditions import Benchmark, PressContrast
 from evaluation.runs.models import ModelSettings
 
@@ -20,28 +21,10 @@ DEFAULT_TASKS = ["multi_news"]
 DEFAULT_RATIOS = [0.5, 0.75]
 
 
-class LongBenchRow(Row):
-    """One cell: an example (``task``, ``id``) under one press at one budget. A failed cell holds its identity,
-    ``path`` and ``error`` alone."""
+class LongBenchRow(CellRow):
+    """One LongBench cell; ``all_classes``: the classification tasks' label set."""
 
-    task: str
-    id: str
-    path: str
-    compression_ratio: NotRequired[float]
-    context_tokens: NotRequired[int]
-    kept_tokens: NotRequired[int]
-    question_tokens: NotRequired[int]
-    truncated: NotRequired[bool]
-    query_aware: NotRequired[bool]
-    attn_implementation: NotRequired[str]
-    overlap_with_reference: NotRequired[list[float] | None]  # per layer, mean Jaccard over KV heads with h2o's
-    overlap_min_head: NotRequired[list[float] | None]  # per layer, the least KV head's
-    generated_tokens: NotRequired[int]
-    prediction: NotRequired[str]
-    answers: NotRequired[list[str]]
     all_classes: NotRequired[list[str] | None]
-    answer_nll: NotRequired[float | None]  # the first gold answer's mean negative log-likelihood per token (nats)
-    answer_tokens: NotRequired[int]  # its tokens, cut to the task's answer length
 
 
 def conditions(row: LongBenchRow) -> list[str]:

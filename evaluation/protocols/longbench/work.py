@@ -26,6 +26,7 @@ from evaluation.protocols.longbench.data import (
 from evaluation.protocols.longbench.degeneracy import degeneracy_lines
 from evaluation.protocols.longbench.protocol import LongBench
 from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.single_turn import cells as single_turn
 from evaluation.reporting.conditions import ANSWER_NLL
 from evaluation.reporting.overlap import overlap_section
 from evaluation.reporting.scorecard import press_contrast_table, scores_frame, summarize
@@ -75,7 +76,7 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
         official = official_lengths(task_configs)
         answer_tokens, fetched = sum(config.generation_cap(official[e.task]) for e in examples), []
     bound = known if known is not None else config.n * len(config.tasks) if config.n else None
-    shared = [cell for cell in grid if config.path == "shared" and cells.shares_prefill(cell[0])]
+    shared = [cell for cell in grid if config.path == "shared" and single_turn.shares_prefill(cell[0])]
     alone = len(grid) - len(shared)
 
     def times(k: int) -> str:
@@ -141,12 +142,12 @@ def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
     files = [data_dir / f"{task}.jsonl" for task in config.tasks]
     files += [data_dir / "config" / name for name in CONFIG_FILES]
     engine = config.path == "shared"
-    units = [Unit(f"{e.task}/{e.id}", e, frozenset(cells.cell_key((e, *cell)) for cell in grid)) for e in examples]
+    units = [Unit(f"{e.task}/{e.id}", e, frozenset(single_turn.cell_key(e, *cell) for cell in grid)) for e in examples]
     settings = {
         "data_dir": str(data_dir),
         "budgets": [b.key for b in config.budgets],
         "data_fingerprint": fingerprint(*files),
-        "paths": {p: cells.path_record(p, engine) for p in config.presses if p != FULL_CACHE},
+        "paths": {p: single_turn.path_record(p, engine) for p in config.presses if p != FULL_CACHE},
     }
     work = partial(cells.run_example, config=config, task_configs=task_configs, cells=grid)
     official = official_lengths(task_configs)

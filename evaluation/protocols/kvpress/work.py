@@ -1,0 +1,75 @@
+"""The ``kvpress`` protocol's work: the dataset named and its examples read (a local file, else the hub), its plan
+and dry run, and its scorecard."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+from evaluation.metrics.kvpress import score_example
+from evaluation.protocols.kvpress.columns import KVPressExample, read_examples
+from evaluation.protocols.kvpress.datasets import dataset_named, load_hub, offline_hint
+from evaluation.protocols.kvpress.protocol import KVPressConfig, KVPressDatasets
+from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.single_turn.examples import checked_cells, dry_run_lines, plan_examples
+from evaluation.reporting.conditions import ANSWER_NLL
+from evaluation.reporting.overlap import overlap_section
+from evaluation.reporting.scorecard import scores_frame, summarize
+from evaluation.reporting.scorecard import write_scorecard as write_card
+from evaluation.runs.record import fingerprint
+
+BUDGET_OPTIONS = "--ratios or --budgets"
+RULER = "ruler"
+
+
+def all_answers(dataset: str, task: str) -> bool:
+    """Whether a prediction must hold every gold answer: RULER's tasks but qa (string_match_all)."""
+    return dataset == RULER and not task.startswith("qa")
+
+
+def examples_of(config: KVPressConfig) -> list[KVPressExample]:
+    """The dataset's first ``n`` examples: from ``--data``, else from the hub (with the network)."""
+    dataset = dataset_named(config.dataset)
+    examples = read_examples(Path(config.data)) if config.data else load_hub(dataset, config.subset)
+    return examples[: config.n]
+
+
+def dry_run(protocol: KVPressDatasets, config: KVPressConfig) -> str:
+    dataset = dataset_named(config.dataset)
+    if config.data:
+        examples = len(examples_of(config))
+        source = config.data
+    else:
+        examples = config.n or 0
+        source = f"the hub's {dataset.hub_id}"
+    head = f"KVPress dataset {dataset.name} from {source}"
+    lines = dry_run_lines(config, head, examples, BUDGET_OPTIONS)
+    return lines if config.data else f"{lines}\na real run first fetches: {offline_hint(dataset.name)}"
+
+
+def plan(protocol: KVPressDatasets, config: KVPressConfig) -> Plan:
+    dataset = dataset_named(config.dataset)
+    cells = checked_cells(config, BUDGET_OPTIONS)
+    examples = examples_of(config)
+    settings = {"source": config.data or dataset.hub_id}
+    if config.data:
+        settings["file_fingerprint"] = fingerprint(Path(config.data))
+    scorer = partial(score_example, dataset.name)
+    return plan_examples(config, examples, cells, scorer, partial(all_answers, dataset.name), settings)
+
+
+def write_scorecard(protocol: KVPressDatasets, config: KVPressConfig, rows: list[dict]) -> None:
+    if not rows:
+        return
+    measured = (ANSWER_NLL,) if config.likelihood_only else ()
+    summary = summarize(scores_frame(replace(protocol.benchmark, measured=measured), rows), REFERENCE)
+    note = (
+        f"{config.dataset}, each example scored by its benchmark's rule as KVPress's evaluation scores it (x 100); "
+        "each cell: mean [95% bootstrap interval over examples] (n), per task."
+    )
+    output = config.output
+    labels = [budget.label for budget in config.budgets]
+    appendix = overlap_section(output, rows, REFERENCE)
+    title = f"KVPress {config.dataset}: {output.name}"
+    write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix)

