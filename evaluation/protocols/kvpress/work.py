@@ -7,9 +7,10 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+from evaluation.errors import EvaluationError
 from evaluation.metrics.kvpress import score_example
 from evaluation.protocols.kvpress.columns import KVPressExample, read_examples
-from evaluation.protocols.kvpress.datasets import dataset_named, load_hub, offline_hint
+from evaluation.protocols.kvpress.datasets import kvpress_dataset, load_hub, offline_hint
 from evaluation.protocols.kvpress.protocol import KVPressConfig, KVPressDatasets
 from evaluation.protocols.protocol import REFERENCE, Plan
 from evaluation.protocols.single_turn.examples import checked_cells, dry_run_lines, plan_examples
@@ -30,13 +31,20 @@ def all_answers(dataset: str, task: str) -> bool:
 
 def examples_of(config: KVPressConfig) -> list[KVPressExample]:
     """The dataset's first ``n`` examples: from ``--data``, else from the hub (with the network)."""
-    dataset = dataset_named(config.dataset)
-    examples = read_examples(Path(config.data)) if config.data else load_hub(dataset, config.subset)
+    dataset = kvpress_dataset(config.dataset)
+    if config.data:
+        return read_examples(Path(config.data))[: config.n]
+    try:
+        examples = load_hub(dataset, config.subset)
+    except EvaluationError:
+        raise
+    except Exception as error:  # no network, no hub cache: whatever the hub client raised
+        raise EvaluationError(f"{offline_hint(dataset.name)} ({type(error).__name__})") from None
     return examples[: config.n]
 
 
 def dry_run(protocol: KVPressDatasets, config: KVPressConfig) -> str:
-    dataset = dataset_named(config.dataset)
+    dataset = kvpress_dataset(config.dataset)
     if config.data:
         examples = len(examples_of(config))
         source = config.data
@@ -49,7 +57,7 @@ def dry_run(protocol: KVPressDatasets, config: KVPressConfig) -> str:
 
 
 def plan(protocol: KVPressDatasets, config: KVPressConfig) -> Plan:
-    dataset = dataset_named(config.dataset)
+    dataset = kvpress_dataset(config.dataset)
     cells = checked_cells(config, BUDGET_OPTIONS)
     examples = examples_of(config)
     settings = {"source": config.data or dataset.hub_id}
