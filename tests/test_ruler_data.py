@@ -222,3 +222,26 @@ def test_needle_once_at_its_depth_within_the_length(tokenizer):
         assert example.length - NEEDLE_TOLERANCE < tokens <= example.length
     assert needle_examples(tokenizer, [1024], [50], 0) == [examples[2]]
     assert needle_examples(tokenizer, [1024], [50], 1)[0].context != examples[2].context
+
+
+def test_cwe_from_4096_repeats_words_as_its_settings_say(tokenizer):
+    example = generate("cwe", 4096, 1, tokenizer, 0)[0]
+    listed = example.context.rsplit("Memorize the ones that appear most often.\n", 1)[1]
+    counts = Counter(re.findall(r"\d+\. (\S+)", listed))
+    settings = RULER_TASKS["cwe"].settings
+    assert {counts[word] for word in example.answers} == {settings["freq_cw"]}
+    assert {count for word, count in counts.items() if word not in example.answers} == {settings["freq_ucw"]}
+    assert_fits(tokenizer, example, "cwe", 4096)
+
+
+def test_tolerance_is_a_32nd_of_the_length_but_for_qa():
+    for task in TASK_NAMES:
+        bound = 1000 if task.startswith("qa") else 4096 // 32 + 8
+        assert 0 < tolerance(task, 4096) <= bound, task
+
+
+def test_too_short_a_length_is_one_line(tokenizer):
+    with pytest.raises(EvaluationError, match="does not fit in 100 tokens"):
+        generate("vt", 100, 1, tokenizer, 0)
+    with pytest.raises(EvaluationError, match="whole number"):
+        generate("vt", 0, 1, tokenizer, 0)

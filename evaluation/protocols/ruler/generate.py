@@ -5,13 +5,16 @@ read from the package.
 Each example is RULER's input (the family's template, filled, then its answer prefix) split as KVPress splits its
 RULER dataset: the context runs up to the last occurrence of the question's opening words (the instruction, any
 worked example and the haystack), the question from there to the answer prefix's first word, the answer prefix the
-rest. Its length follows RULER's rule: the haystack grows by one increment while the prompt (as the harness builds
-it, chat template included) plus the task's tokens to generate stays within ``length``; the example keeps the
-largest haystack that does. So ``length - tolerance(task, length) < prompt + tokens_to_generate <= length``.
+rest. Its length follows RULER's rule: the haystack grows by increments while the prompt (as the harness builds
+it, chat template included) plus the task's tokens to generate stays within ``length``, and the example keeps the
+largest haystack that does: ``length - tolerance(task, length) < prompt + tokens_to_generate <= length``.
 
-Randomness is Python's ``random.Random``, seeded per example by (seed, task, length, index): the examples are the
-same for the same arguments and tokenizer, and RULER's own random draws (NumPy's and the module's global state) are
-not reproduced."""
+Where this differs from RULER's scripts: each increment is RULER's cut to at most ``length / 32`` tokens' worth
+(RULER's 500 essay words are half of a 1024-token prompt); the frequent-words text is fitted with its tokens to
+generate, as every other task (RULER fits it alone); a QA question whose gold documents alone exceed the length is
+passed over (RULER's loop would not end); sentences are cut by ``sources.split_sentences``, not punkt; and the
+randomness is Python's ``random.Random`` seeded per example by (seed, task, length, index), so the examples are the
+same for the same arguments and tokenizer, but RULER's own random draws are not reproduced."""
 
 from __future__ import annotations
 
@@ -20,14 +23,18 @@ import re
 import string
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, partial
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError
 from evaluation.protocols.kvpress.columns import KVPressExample
 from evaluation.protocols.ruler.sources import Question, essay_words, qa_dataset, split_sentences, word_list
 from evaluation.protocols.ruler.tasks import RulerTask, ruler_task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
 REPEATED_HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -36,6 +43,7 @@ DEPTHS = tuple(round(100 * i / 39) for i in range(40))
 SINGLE_NEEDLE_WORDING = (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer"))
 DOCUMENT = "Document {i}:\n{document}"
 SHORT = 4096
+FINENESS = 32
 
 VT_EXAMPLE_LENGTH = 500
 VT_EXAMPLE_INCREMENT = 5
@@ -58,16 +66,20 @@ ANSWER_OPENINGS = {family: re.compile(r"Answer:") for family in QUESTION_OPENING
 
 @dataclass(frozen=True)
 class Growth:
-    """How a task's haystack grows: from ``start`` by ``step`` ``unit``, never below ``floor`` nor above ``cap``.
-    ``tokens_per_unit`` bounds the tokens one unit adds (for BPE tokenizers of the SmolLM2 or Llama kind), so
-    ``step * tokens_per_unit`` bounds how far under the length an example may fall."""
+    """How a task's haystack grows: by ``step`` ``unit``, from ``floor`` (the least that holds every needle,
+    statement, common word or gold document) up to at most ``cap``. ``tokens_per_unit``
+    bounds the tokens one unit adds (for BPE tokenizers of the SmolLM2 or Llama kind), so ``step *
+    tokens_per_unit`` bounds how far under the length an example may fall."""
 
     unit: str
     step: int
-    start: int
     floor: int
     cap: int
     tokens_per_unit: int
+
+    def refined(self, length: int) -> Growth:
+        """The same growth with its step cut to at most ``length / 32`` tokens' worth (one unit at least)."""
+        return replace(self, step=min(self.step, max(1, length // (FINENESS * self.tokens_per_unit))))
 
 
 @dataclass(frozen=True)
@@ -84,34 +96,41 @@ class TooShort(Exception):
     """The smallest haystack already exceeds the length."""
 
 
-def growth(task: RulerTask, length: int) -> Growth:
-    """The haystack's growth for ``task`` at ``length``: RULER's increments, except that below 4096 tokens the essay
-    grows by 50 words (RULER: 500 at every length) and QA by 1 document (RULER: 10), as RULER itself refines its
-    other needle haystacks from 25 to 5 below 4096."""
-    short = length < SHORT
+def ruler_growth(task: RulerTask, length: int) -> Growth:
+    """RULER's own increments for ``task`` at ``length``: the essay by 500 words, the repeated sentences and the
+    distractor needles by 25 (5 below 4096 tokens), variable tracking by 10 noise lines, common words by 10 words,
+    frequent words by ``length // 32`` words, QA by 10 documents."""
+    settings, short = task.settings, length < SHORT
     if task.family == "niah":
-        kind = task.settings["type_haystack"]
+        kind = settings["type_haystack"]
         if kind == "essay":
-            step = 50 if short else 500
-            return Growth("essay words", step, step, step, len(essay_words()), 3)
+            return Growth("essay words", 500, 1, len(essay_words()), 2)
         step = 5 if short else 25
-        per_unit = 30 if kind == "repeat" else 90
-        return Growth("sentences" if kind == "repeat" else "needles", step, step, step, 10**9, per_unit)
+        needles = max(int(settings["num_needle_k"]), int(settings["num_needle_q"])) * int(settings["num_needle_v"])
+        unit, per_unit = ("sentences", 30) if kind == "repeat" else ("needles", 90)
+        return Growth(unit, step, needles, 10**9, per_unit)
     if task.family == "variable_tracking":
-        return Growth("noise lines", 10, 10, 10, 10**9, 30)
+        return Growth("noise lines", 10, int(settings["num_hops"]) + 1, 10**9, 30)
     if task.family == "common_words_extraction":
-        repeats = CWE_SHORT_FREQUENCIES[1] if short else int(task.settings["freq_ucw"])
-        return Growth("words", 10, 10, 10, len(cwe_words()), 8 * repeats)
+        repeats = CWE_SHORT_FREQUENCIES[1] if short else int(settings["freq_ucw"])
+        return Growth("words", 10, int(settings["num_cw"]), len(cwe_words()), 8 * repeats)
     if task.family == "freq_words_extraction":
         step = max(1, length // 32)
-        return Growth("words", step, length // FWE_WORD_LENGTH, step, 10**9, 4)
-    step = 1 if short else 10
-    return Growth("documents", step, step, 1, len(qa_dataset(str(task.settings["dataset"])).documents), 600)
+        return Growth("words", step, 1, 10**9, 4)
+    return Growth("documents", 10, 1, len(qa_dataset(str(settings["dataset"])).documents), 1000)
+
+
+def growth(task: RulerTask, length: int) -> Growth:
+    """The haystack's growth for ``task`` at ``length``: RULER's increments, each cut to at most ``length / 32``
+    tokens' worth, so that an example falls at most about 3% under its length wherever the haystack's unit allows
+    (a QA document is one unit however long)."""
+    return ruler_growth(task, length).refined(length)
 
 
 def tolerance(task: str, length: int) -> int:
     """How many tokens an example's prompt plus its tokens to generate may fall under ``length``: one increment of
-    its haystack, bounded for BPE tokenizers of the SmolLM2 or Llama kind (a byte-level tokenizer exceeds it).
+    its haystack, bounded for BPE tokenizers of the SmolLM2 or Llama kind (a byte-level tokenizer exceeds it):
+    about ``length / 32`` where the haystack's unit allows, one document (1000 tokens) for QA below 32k tokens.
     Every example also has ``prompt + tokens_to_generate <= length``."""
     rule = growth(ruler_task(task), length)
     return rule.step * rule.tokens_per_unit
@@ -337,17 +356,22 @@ def split(family: str, text: str) -> tuple[str, str, str]:
 
 
 def fit(build: Callable[[int], Built], measure: Callable[[Built], int], rule: Growth, hint: int, length: int):
-    """The largest haystack on ``rule``'s grid, from ``hint``, whose example ``measure``s within ``length``: grown
-    while the next increment fits, shrunk until one fits; ``TooShort`` when even the floor does not."""
+    """The largest haystack, from ``hint``, whose example ``measure``s within ``length`` while one more step would
+    not: grown by doubling jumps (halved back to one step on an overshoot), or shrunk a step at a time;
+    ``TooShort`` when even the floor does not fit."""
     size = min(max(hint, rule.floor), rule.cap)
     built = build(size)
     if measure(built) <= length:
+        jump = rule.step
         while size < rule.cap:
-            bigger = min(size + rule.step, rule.cap)
+            bigger = min(size + jump, rule.cap)
             candidate = build(bigger)
-            if measure(candidate) > length:
+            if measure(candidate) <= length:
+                size, built, jump = bigger, candidate, jump * 2
+            elif jump > rule.step:
+                jump = max(rule.step, jump // 2)
+            else:
                 break
-            size, built = bigger, candidate
         return size, built
     while size > rule.floor:
         size = max(size - rule.step, rule.floor)
@@ -380,12 +404,12 @@ def to_example(task: RulerTask, length: int, index: int, built: Built) -> KVPres
     )
 
 
-def vt_worked_noises(task: RulerTask, tokenizer, seed: int) -> int:
+def vt_worked_noises(task: RulerTask, tokenizer: PreTrainedTokenizerBase, seed: int) -> int:
     """How many noise lines RULER's worked variable-tracking example gets: the most, by 5, whose text (answers
     included, no chat template) plus the tokens to generate stays within 500 tokens."""
     rng_of = partial(example_random, seed, task.name, VT_EXAMPLE_LENGTH, -1)
     floor = max(VT_EXAMPLE_INCREMENT, int(task.settings["num_hops"]) + 1)
-    rule = Growth("noise lines", VT_EXAMPLE_INCREMENT, floor, floor, 10**9, 30)
+    rule = Growth("noise lines", VT_EXAMPLE_INCREMENT, floor, 10**9, 30)
 
     def measure(built: Built) -> int:
         return len(tokenizer.encode(vt_worked_text(built), add_special_tokens=False)) + task.tokens_to_generate
@@ -394,7 +418,9 @@ def vt_worked_noises(task: RulerTask, tokenizer, seed: int) -> int:
     return size
 
 
-def builders(task: RulerTask, length: int, tokenizer, seed: int) -> Callable[[int], Callable[[int], Built]]:
+def builders(
+    task: RulerTask, length: int, tokenizer: PreTrainedTokenizerBase, seed: int
+) -> Callable[[int], Callable[[int], Built]]:
     """For each example's index, its input as a function of the haystack's size (same size, same input)."""
     family = task.family
     if family == "niah":
@@ -406,7 +432,7 @@ def builders(task: RulerTask, length: int, tokenizer, seed: int) -> Callable[[in
     return lambda index: lambda size: build(task, size, example_random(seed, task.name, length, index), length)
 
 
-def generate(task: str, length: int, n: int, tokenizer, seed: int) -> list[KVPressExample]:
+def generate(task: str, length: int, n: int, tokenizer: PreTrainedTokenizerBase, seed: int) -> list[KVPressExample]:
     """``n`` examples of RULER's ``task`` at ``length`` tokens (prompt plus tokens to generate, as the harness
     builds the prompt with ``tokenizer``), deterministic for these arguments.
 
@@ -437,7 +463,7 @@ def generate(task: str, length: int, n: int, tokenizer, seed: int) -> list[KVPre
     if spec.family == "qa":
         return generate_qa(spec, length, n, measure, seed)
     rule, examples = growth(spec, length), []
-    build_for, hint = builders(spec, length, tokenizer, seed), growth(spec, length).start
+    build_for, hint = builders(spec, length, tokenizer, seed), rule.floor
     for index in range(n):
         try:
             hint, built = fit(build_for(index), measure, rule, hint, length)
@@ -455,13 +481,13 @@ def generate_qa(task: RulerTask, length: int, n: int, measure: Callable[[Built],
     question whose gold documents alone exceed the length is passed over (RULER would stall on it)."""
     rule, examples = growth(task, length), []
     questions: Iterator[Question] = iter(qa_dataset(str(task.settings["dataset"])).questions)
-    hint = rule.start
+    hint = rule.floor
     while len(examples) < n:
         question = next(questions, None)
         if question is None:
             raise EvaluationError(f"only {len(examples)} of RULER's {task.name} questions fit in {length} tokens")
         rng_of = partial(example_random, seed, task.name, length, len(examples))
-        floor_rule = Growth(rule.unit, rule.step, rule.start, len(question.gold), rule.cap, rule.tokens_per_unit)
+        floor_rule = replace(rule, floor=len(question.gold))
         try:
             hint, built = fit(qa_builder(task, question, rng_of), measure, floor_rule, hint, length)
         except TooShort:

@@ -13,10 +13,14 @@ from __future__ import annotations
 import json
 import random
 from functools import cache
+from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError
 from evaluation.protocols.kvpress.columns import KVPressExample
 from evaluation.protocols.ruler.tasks import package_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
 QUESTION = "\nQuestion: What is the best thing to do in San Francisco?\n"
@@ -44,7 +48,7 @@ def haystack_start(seed: int) -> int:
     return text.index(" ", start) + 1
 
 
-def haystack_tokens(tokenizer, limit: int, seed: int) -> list[int]:
+def haystack_tokens(tokenizer: PreTrainedTokenizerBase, limit: int, seed: int) -> list[int]:
     """The first ``limit`` tokens of the haystack (only as much text as they need is tokenized)."""
     text, start = essays(), haystack_start(seed)
     size = max(1, limit) * CHARACTERS_PER_TOKEN
@@ -55,14 +59,16 @@ def haystack_tokens(tokenizer, limit: int, seed: int) -> list[int]:
         size *= 2
 
 
-def needle_context(tokenizer, haystack: list[int], needle: list[int], depth: int) -> str:
+def needle_context(tokenizer: PreTrainedTokenizerBase, haystack: list[int], needle: list[int], depth: int) -> str:
     """The needle's tokens at ``depth`` percent of the haystack's, decoded and wrapped (KVPress's insertion)."""
     index = int(len(haystack) * depth / 100)
     decoded = tokenizer.decode(haystack[:index] + needle + haystack[index:], skip_special_tokens=True)
     return WRAPPER.format(context=decoded)
 
 
-def needle_examples(tokenizer, lengths: list[int], depths: list[int], seed: int) -> list[KVPressExample]:
+def needle_examples(
+    tokenizer: PreTrainedTokenizerBase, lengths: list[int], depths: list[int], seed: int
+) -> list[KVPressExample]:
     """KVPress's needle in a haystack at each length (tokens) and each depth (percent, 0 to 100), the needle once in
     each context; ids ``needle/{length}/{depth}``, depth recorded as a fraction. The prompt (chat template
     included) takes at most ``length`` tokens and more than ``length - NEEDLE_TOLERANCE`` when the chat template,
