@@ -67,9 +67,9 @@ ANSWER_OPENINGS = {family: re.compile(r"Answer:") for family in QUESTION_OPENING
 @dataclass(frozen=True)
 class Growth:
     """How a task's haystack grows: by ``step`` ``unit``, from ``floor`` (the least that holds every needle,
-    statement, common word or gold document) up to at most ``cap``. ``tokens_per_unit``
-    bounds the tokens one unit adds (for BPE tokenizers of the SmolLM2 or Llama kind), so ``step *
-    tokens_per_unit`` bounds how far under the length an example may fall."""
+    statement, common word or gold document) up to at most ``cap``. ``tokens_per_unit`` bounds the tokens one unit
+    adds (for BPE tokenizers of the SmolLM2 or Llama kind), so ``step * tokens_per_unit`` bounds how far under the
+    length an example may fall."""
 
     unit: str
     step: int
@@ -258,7 +258,9 @@ def numbered(words: list[str]) -> str:
     return " ".join(f"{i + 1}. {word}" for i, word in enumerate(words))
 
 
-def cwe_list(rng: random.Random, num_words: int, common_repeats: int, rare_repeats: int, num_common: int):
+def cwe_list(
+    rng: random.Random, num_words: int, common_repeats: int, rare_repeats: int, num_common: int
+) -> tuple[str, list[str]]:
     """A shuffled numbered list of ``num_words`` distinct words, the first ``num_common`` of them
     ``common_repeats`` times each, the others ``rare_repeats`` times; and the common words."""
     chosen = rng.sample(cwe_words(), num_words)
@@ -355,7 +357,9 @@ def split(family: str, text: str) -> tuple[str, str, str]:
     return text[:cut], rest[: answer.start()], rest[answer.start() :]
 
 
-def fit(build: Callable[[int], Built], measure: Callable[[Built], int], rule: Growth, hint: int, length: int):
+def fit(
+    build: Callable[[int], Built], measure: Callable[[Built], int], rule: Growth, hint: int, length: int
+) -> tuple[int, Built]:
     """The largest haystack, from ``hint``, whose example ``measure``s within ``length`` while one more step would
     not: grown by doubling jumps (halved back to one step on an overshoot), or shrunk a step at a time;
     ``TooShort`` when even the floor does not fit."""
@@ -476,7 +480,9 @@ def generate(task: str, length: int, n: int, tokenizer: PreTrainedTokenizerBase,
     return examples
 
 
-def generate_qa(task: RulerTask, length: int, n: int, measure: Callable[[Built], int], seed: int):
+def generate_qa(
+    task: RulerTask, length: int, n: int, measure: Callable[[Built], int], seed: int
+) -> list[KVPressExample]:
     """RULER's QA examples: its questions in the dataset's order, each with the most documents that fit; a
     question whose gold documents alone exceed the length is passed over (RULER would stall on it)."""
     rule, examples = growth(task, length), []
