@@ -20,7 +20,6 @@ from evaluation.metrics.kvpress import (
     loogle_refused,
     loogle_text_metrics,
     needle_rouge_scores,
-    score_example,
 )
 from evaluation.protocols.kvpress.columns import KVPressExample, read_examples
 from evaluation.protocols.kvpress.datasets import (
@@ -29,6 +28,7 @@ from evaluation.protocols.kvpress.datasets import (
     kvpress_dataset,
     load_hub,
     offline_hint,
+    score_example,
 )
 
 KVPRESS_REGISTRY = {

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError
-from evaluation.metrics import longbench
+from evaluation.metrics import longbench, ruler
 from evaluation.metrics.f1 import token_f1
 
 if TYPE_CHECKING:
@@ -27,32 +27,12 @@ Rule = Callable[..., float]
 
 # --- RULER ---------------------------------------------------------------------------------------------------------
 
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f]")
-
-
-def ruler_prediction(prediction: str) -> str:
-    """The prediction as RULER's scorer reads it: stripped, its ASCII control characters (newlines, tabs) removed."""
-    return CONTROL_CHARACTERS.sub("", prediction.strip()).strip()
-
-
-def string_match_part(prediction: str, answers: Sequence[str]) -> float:
-    """1 if any answer occurs in the prediction (case-insensitive), else 0."""
-    return max((1.0 if answer.lower() in prediction.lower() else 0.0 for answer in answers), default=0.0)
-
-
-def string_match_all(prediction: str, answers: Sequence[str]) -> float:
-    """The fraction of the answers that occur in the prediction (case-insensitive)."""
-    return sum(answer.lower() in prediction.lower() for answer in answers) / len(answers)
-
-
-RULER_CATEGORY_RULES: dict[str, Callable[[str, Sequence[str]], float]] = {"qa": string_match_part}
-
 
 def string_match(prediction: str, example: KVPressExample) -> float:
-    """RULER's rule, in [0, 1]: ``string_match_part`` for the qa tasks (the task's name up to its first "_"),
-    ``string_match_all`` for every other task. A task's score is 100 x the mean, rounded to 2 decimals."""
-    rule = RULER_CATEGORY_RULES.get(example.task.split("_")[0], string_match_all)
-    return rule(ruler_prediction(prediction), example.answers)
+    """RULER's rule (``evaluation.metrics.ruler``), in [0, 1]: ``string_match_part`` for the qa tasks (the task's
+    name up to its first "_"), ``string_match_all`` for every other task."""
+    metric = "string_match_part" if example.task.split("_")[0] == "qa" else "string_match_all"
+    return ruler.score(metric, prediction, example.answers)
 
 
 # --- LooGLE --------------------------------------------------------------------------------------------------------
@@ -445,14 +425,9 @@ SCALE: dict[str, float] = {
 }
 
 
-def score_example(
-    dataset_name: str, prediction: str, example: KVPressExample, *, all_classes: Sequence[str] | None = None
-) -> float:
-    """The example's score in [0, 1] by the rule of KVPress's dataset ``dataset_name``; KVPress reports a mean of
-    these times ``SCALE[rule]`` (per task where it groups by task). ``all_classes`` is LongBench's class list (trec)."""
-    from evaluation.protocols.kvpress.datasets import kvpress_dataset
-
-    scorer = kvpress_dataset(dataset_name).scorer
-    if scorer in CLASS_RULES:
-        return RULES[scorer](prediction, example, all_classes=all_classes)
-    return RULES[scorer](prediction, example)
+def score(rule: str, prediction: str, example: KVPressExample, *, all_classes: Sequence[str] | None = None) -> float:
+    """The example's score in [0, 1] by the rule named ``rule`` (``RULES``); KVPress reports a mean of these times
+    ``SCALE[rule]`` (per task where it groups by task). ``all_classes`` is LongBench's class list (trec)."""
+    if rule in CLASS_RULES:
+        return RULES[rule](prediction, example, all_classes=all_classes)
+    return RULES[rule](prediction, example)

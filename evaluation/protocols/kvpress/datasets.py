@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from evaluation.errors import EvaluationError
+from evaluation.metrics.kvpress import score
 from evaluation.protocols.kvpress.columns import COLUMNS, KVPressExample, example_of
 
 SPLIT = "test"
@@ -186,3 +187,10 @@ def as_text(answer: object) -> str | list[str]:
     if isinstance(answer, (list, tuple)):
         return [item if isinstance(item, str) else str(item) for item in answer]
     return answer if isinstance(answer, str) else str(answer)
+
+
+def score_example(
+    dataset_name: str, prediction: str, example: KVPressExample, *, all_classes: list[str] | None = None
+) -> float:
+    """The example's score in [0, 1] by the rule of KVPress's dataset ``dataset_name``."""
+    return score(kvpress_dataset(dataset_name).scorer, prediction, example, all_classes=all_classes)

@@ -8,9 +8,8 @@ from functools import partial
 from pathlib import Path
 
 from evaluation.errors import EvaluationError
-from evaluation.metrics.kvpress import score_example
 from evaluation.protocols.kvpress.columns import KVPressExample, read_examples
-from evaluation.protocols.kvpress.datasets import kvpress_dataset, load_hub, offline_hint
+from evaluation.protocols.kvpress.datasets import kvpress_dataset, load_hub, offline_hint, score_example
 from evaluation.protocols.kvpress.protocol import KVPressConfig, KVPressDatasets
 from evaluation.protocols.protocol import REFERENCE, Plan
 from evaluation.protocols.single_turn.examples import checked_cells, dry_run_lines, plan_examples

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.protocols.protocol import REFERENCE
-from evaluation.protocols.ruler.protocol import AVERAGE, CATEGORIES, NeedleConfig, RulerConfig
+from evaluation.protocols.ruler.protocol import AVERAGE, CATEGORY, NeedleConfig, RulerConfig
 from evaluation.protocols.single_turn.config import SingleTurnConfig
 from evaluation.reporting.conditions import ANSWER_NLL, Benchmark
 from evaluation.reporting.overlap import overlap_section
@@ -79,7 +79,7 @@ def ordered(summary: pd.DataFrame, names: list[str], lengths: list[int]) -> list
 def write_ruler_scorecard(benchmark: Benchmark, config: RulerConfig, rows: list[dict]) -> None:
     summary = summary_of(benchmark, config, rows)
     lengths = sorted({row["length"] for row in rows if "length" in row})
-    categories = list(dict.fromkeys(CATEGORIES[task] for task in config.tasks))
+    categories = list(dict.fromkeys(CATEGORY[task] for task in config.tasks))
     tables = {
         "Average over tasks": ordered(summary, [AVERAGE], lengths),
         "RULER's categories (mean of their tasks)": ordered(summary, categories, lengths),

@@ -4,8 +4,8 @@ and its scorecard with the heatmaps."""
 from __future__ import annotations
 
 from evaluation.errors import EvaluationError
-from evaluation.metrics.kvpress import score_example
 from evaluation.protocols.kvpress.columns import KVPressExample
+from evaluation.protocols.kvpress.datasets import score_example
 from evaluation.protocols.protocol import Plan
 from evaluation.protocols.ruler.card import write_needle_scorecard
 from evaluation.protocols.ruler.needle import needle_examples

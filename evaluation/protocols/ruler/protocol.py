@@ -13,6 +13,7 @@ from typing_extensions import NotRequired
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.protocols.options import whole
 from evaluation.protocols.protocol import LIKELIHOOD, SAMPLED, Protocol, register
+from evaluation.protocols.ruler.tasks import CATEGORIES, TASK_NAMES
 from evaluation.protocols.single_turn.config import (
     SingleTurnConfig,
     add_budget_options,
@@ -23,29 +24,7 @@ from evaluation.protocols.single_turn.row import CellRow
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.models import ModelSettings
 
-TASKS = (
-    "niah_single_1",
-    "niah_single_2",
-    "niah_single_3",
-    "niah_multikey_1",
-    "niah_multikey_2",
-    "niah_multikey_3",
-    "niah_multivalue",
-    "niah_multiquery",
-    "vt",
-    "cwe",
-    "fwe",
-    "qa_1",
-    "qa_2",
-)
-CATEGORIES = {  # RULER's four categories (Hsieh et al., 2024, section 3)
-    **{task: "retrieval" for task in TASKS if task.startswith("niah")},
-    "vt": "multi-hop tracing",
-    "cwe": "aggregation",
-    "fwe": "aggregation",
-    "qa_1": "question answering",
-    "qa_2": "question answering",
-}
+CATEGORY = {task: category for category, tasks in CATEGORIES.items() for task in tasks}
 DEFAULT_LENGTHS = [1024, 2048, 4096]
 DEFAULT_DEPTHS = [0, 25, 50, 75, 100]
 AVERAGE = "average"
@@ -62,7 +41,7 @@ class GeneratedRow(CellRow):
 
 @dataclass
 class RulerConfig(SingleTurnConfig):
-    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    tasks: list[str] = field(default_factory=lambda: list(TASK_NAMES))
     lengths: list[int] = field(default_factory=lambda: list(DEFAULT_LENGTHS), metadata=SAMPLED)
     n: int = field(default=4, metadata=SAMPLED)
     seed: int = field(default=0, metadata=SAMPLED)
@@ -80,7 +59,7 @@ class NeedleConfig(SingleTurnConfig):
 def ruler_conditions(row: GeneratedRow) -> list[str]:
     """A RULER row counts in its task, its category and the average, each at its length."""
     length = row["length"]
-    return [f"{row['task']} @ {length}", f"{CATEGORIES[row['task']]} @ {length}", f"{AVERAGE} @ {length}"]
+    return [f"{row['task']} @ {length}", f"{CATEGORY[row['task']]} @ {length}", f"{AVERAGE} @ {length}"]
 
 
 def needle_conditions(row: GeneratedRow) -> list[str]:
@@ -118,7 +97,9 @@ class Ruler(Protocol[RulerConfig]):
     implementation = "evaluation.protocols.ruler.work"
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="RULER tasks (default all)")
+        parser.add_argument(
+            "--tasks", nargs="+", choices=TASK_NAMES, default=list(TASK_NAMES), help="RULER tasks (default all)"
+        )
         parser.add_argument("--n", type=whole(1), default=4, help="examples per task and length (default 4)")
         add_grid_options(parser)
 
