@@ -9,7 +9,8 @@ TORCH_INDEX ?=
 # KVET_SHARED_DATA=/path` passes it on), then shared/data inside or ../shared/data beside the checkout, then the hub.
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
-	eval-reuse eval-multiquery eval-traces eval-probe eval-memory eval-perplexity scorecard reproduce bench \
+	eval-reuse eval-multiquery eval-traces eval-probe eval-memory eval-perplexity eval-ruler eval-ruler-committed \
+	scorecard reproduce bench \
 	gpu-data gpu-wheels
 
 # A virtual environment with the stack pinned by constraints.txt, from the sources pip is configured with (as CI
@@ -46,6 +47,12 @@ eval-longbench: setup
 eval-locomo: setup
 	$(PY) -m evaluation locomo --conversations conv-26 conv-30 --max-turns 10 \
 		--placement evidence --budgets 512 --output scratch/locomo/smollm2-135m-quick
+
+# RULER (docs/ruler.md): two needle tasks at 1,024 tokens, 5 examples each, four presses at keep 50% and 25%, generated
+# offline for SmolLM2's tokenizer; into scratch/. The average over the 10 examples carries verdicts.
+eval-ruler: setup
+	$(PY) -m evaluation ruler --tasks niah_single_1 niah_multikey_1 --lengths 1024 --n 5 \
+		--presses full snapkv streaming_llm tova --output scratch/ruler/smollm2-135m-quick
 
 # The committed runs (up to 90 minutes each on 2 cores): results/README.md reads them.
 LONGBENCH_PRESSES := full snapkv h2o streaming_llm tova rmm 'rmm(lag=64)'
@@ -94,6 +101,14 @@ eval-perplexity: setup
 # One scorecard across every committed run (results/*/*/ but scorecard and bench): a table per benchmark,
 # bootstrap intervals, and win / tie / loss against H2O.
 RUNS := $(sort $(filter-out results/scorecard/% results/bench/%,$(wildcard results/*/*/)))
+# RULER's five tasks the issue names at 1,024 and 2,048 tokens, then the needle at 11 depths of both lengths.
+RULER_PRESSES := full snapkv streaming_llm h2o tova rmm knorm
+eval-ruler-committed: setup
+	$(PY) -m evaluation ruler --tasks niah_single_1 niah_single_2 niah_multikey_1 vt qa_1 --lengths 1024 2048 \
+		--n 6 --presses $(RULER_PRESSES) --output results/ruler/smollm2-135m
+	$(PY) -m evaluation needle --lengths 1024 2048 --depths 0 10 20 30 40 50 60 70 80 90 100 \
+		--presses full snapkv streaming_llm tova rmm --output results/needle/smollm2-135m
+
 scorecard: setup
 	$(PY) -m evaluation scorecard $(RUNS) --output results/scorecard/smollm2-135m
 

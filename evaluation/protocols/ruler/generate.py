@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError
 from evaluation.protocols.kvpress.columns import KVPressExample
+from evaluation.protocols.kvpress.prompt import prompt_tokens
 from evaluation.protocols.ruler.sources import Question, essay_words, qa_dataset, split_sentences, word_list
 from evaluation.protocols.ruler.tasks import RulerTask, ruler_task
 
@@ -418,7 +419,13 @@ def vt_worked_noises(task: RulerTask, tokenizer: PreTrainedTokenizerBase, seed: 
     def measure(built: Built) -> int:
         return len(tokenizer.encode(vt_worked_text(built), add_special_tokens=False)) + task.tokens_to_generate
 
-    size, _ = fit(lambda size: vt_input(task, size, rng_of(), True), measure, rule, floor, VT_EXAMPLE_LENGTH)
+    try:
+        size, _ = fit(lambda size: vt_input(task, size, rng_of(), True), measure, rule, floor, VT_EXAMPLE_LENGTH)
+    except TooShort as error:
+        raise EvaluationError(
+            f"RULER's worked variable-tracking example takes {error.args[0]} tokens of this tokenizer, over RULER's "
+            f"{VT_EXAMPLE_LENGTH}: vt cannot run with it; leave vt out of --tasks"
+        ) from None
     return size
 
 
@@ -453,8 +460,6 @@ def generate(task: str, length: int, n: int, tokenizer: PreTrainedTokenizerBase,
     seed : int
         Any integer; other seeds give other examples.
     """
-    from evaluation.protocols.kvpress.prompt import prompt_tokens
-
     spec = ruler_task(task)
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise EvaluationError(f"a RULER length must be a whole number of tokens >= 1, not {length!r}")

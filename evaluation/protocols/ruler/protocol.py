@@ -45,7 +45,7 @@ class RulerConfig(SingleTurnConfig):
     lengths: list[int] = field(default_factory=lambda: list(DEFAULT_LENGTHS), metadata=SAMPLED)
     n: int = field(default=4, metadata=SAMPLED)
     seed: int = field(default=0, metadata=SAMPLED)
-    export: Path | None = None
+    export: str | None = None
 
 
 @dataclass
@@ -53,7 +53,7 @@ class NeedleConfig(SingleTurnConfig):
     lengths: list[int] = field(default_factory=lambda: list(DEFAULT_LENGTHS), metadata=SAMPLED)
     depths: list[int] = field(default_factory=lambda: list(DEFAULT_DEPTHS), metadata=SAMPLED)
     seed: int = field(default=0, metadata=SAMPLED)
-    export: Path | None = None
+    export: str | None = None
 
 
 def ruler_conditions(row: GeneratedRow) -> list[str]:
@@ -72,7 +72,7 @@ def add_grid_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", nargs="+", type=whole(128), default=DEFAULT_LENGTHS, help="prompt lengths, tokens")
     parser.add_argument("--seed", type=whole(0), default=0, help="generation seed (default 0)")
     parser.add_argument(
-        "--export", type=Path, help="also write the generated examples to FILE.parquet in KVPress's dataset columns"
+        "--export", help="also write the generated examples to FILE.parquet in KVPress's dataset columns"
     )
     add_budget_options(parser)
 
@@ -107,7 +107,7 @@ class Ruler(Protocol[RulerConfig]):
         return RulerConfig(**grid_settings(args, model, output), tasks=args.tasks, n=args.n)
 
     def options_of(self, settings: dict) -> dict:
-        return recorded_options(settings)
+        return {**recorded_options(settings), "export": None}  # a reproduced run writes no export
 
     def row_key(self, row: GeneratedRow) -> tuple[str, str, str, str]:
         return row["task"], row["id"], row["press"], row["budget"]
@@ -139,7 +139,7 @@ class Needle(Protocol[NeedleConfig]):
         return NeedleConfig(**grid_settings(args, model, output), depths=args.depths)
 
     def options_of(self, settings: dict) -> dict:
-        return recorded_options(settings)
+        return {**recorded_options(settings), "export": None}  # a reproduced run writes no export
 
     def row_key(self, row: GeneratedRow) -> tuple[str, str, str, str]:
         return row["task"], row["id"], row["press"], row["budget"]

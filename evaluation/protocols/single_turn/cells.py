@@ -50,7 +50,9 @@ class CellSettings(Protocol):
 class Case:
     """One example ready to run: its prompt, its gold answers and how a prediction scores. ``gold``: the answer
     text whose likelihood each cell scores (None: none), cut to ``answer_length`` tokens, the task's official
-    answer length, which also caps generation; ``fields``: the example's own row fields after ``answers``."""
+    answer length, which also caps generation; ``identity``: the example's own fields in each of its rows, failed
+    ones included, after its id (a generated example's length); ``fields``: those a generated row holds after
+    ``answers``."""
 
     task: str
     id: str
@@ -60,6 +62,7 @@ class Case:
     answer_length: int
     score: Callable[[str], float]
     stop_at_newline: bool = False
+    identity: dict = field(default_factory=dict)
     fields: dict = field(default_factory=dict)
 
 
@@ -84,6 +87,7 @@ def cell_identity(case: Case, press_name: str, budget: Budget | None, length: in
     return {
         "task": case.task,
         "id": case.id,
+        **case.identity,
         "press": press_name,
         "budget": budget_key(budget),
         "budget_label": budget_label(budget, length),

@@ -64,7 +64,7 @@ def case_of(
         gold=gold_text(example, all_of),
         answer_length=example.max_new_tokens,
         score=partial(scorer, example=example),
-        fields={"length": example.length, "depth": example.depth},
+        identity={"length": example.length, "depth": example.depth},
     )
 
 
@@ -129,10 +129,10 @@ def plan_examples(
     return Plan(units, work, recorded, ("data_fingerprint",), summary)
 
 
-def exported(examples: list[KVPressExample], path: Path | None) -> list[KVPressExample]:
+def exported(examples: list[KVPressExample], path: str | None) -> list[KVPressExample]:
     """``examples``, also written to ``path`` as parquet in KVPress's columns where one is given."""
     if path is not None:
-        export_parquet(examples, path)
+        export_parquet(examples, Path(path))
     return examples
 
 
