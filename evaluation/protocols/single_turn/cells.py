@@ -234,7 +234,8 @@ def run_shared(
         cache.owned = True  # the history is done with: the batch takes over its cache too (the full-cache cell's)
     del history
     cap = config.generation_cap(case.answer_length)
-    with active().bar(cap, f"{case.task}/{case.id}: decoding {len(derived)} caches", "token", step=True) as bar:
+    named = case.id if case.id.startswith(f"{case.task}/") else f"{case.task}/{case.id}"
+    with active().bar(cap, f"{named}: decoding {len(derived)} caches", "token", step=True) as bar:
         generated, nlls = decode_batch_forced(
             model,
             [cache for _, _, cache in derived],
