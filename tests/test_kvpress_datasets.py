@@ -294,6 +294,7 @@ def test_needle_is_rouge_1_f_with_the_needle_as_hypothesis():
     assert score_example("needle_in_haystack", "eat a sandwich", example("niah", NEEDLE)) == pytest.approx(0.4)
     assert score_example("needle_in_haystack", f" {NEEDLE} ", example("niah", NEEDLE)) == pytest.approx(1.0)
     assert score_example("needle_in_haystack", "  ", example("niah", NEEDLE)) == 0.0
+    assert score_example("needle_in_haystack", " ... ", example("niah", NEEDLE)) == 0.0  # rouge finds no word
 
 
 # --- AIME25 and MATH-500 -------------------------------------------------------------------------------------------

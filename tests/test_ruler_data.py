@@ -17,13 +17,20 @@ from evaluation.errors import EvaluationError
 from evaluation.metrics.ruler import score, string_match_all, string_match_part
 from evaluation.protocols.kvpress.prompt import prompt_tokens
 from evaluation.protocols.ruler import tasks as ruler_tasks
-from evaluation.protocols.ruler.generate import generate, tolerance
+from evaluation.protocols.ruler.generate import generate, ruler_gold, tolerance
 from evaluation.protocols.ruler.needle import NEEDLE, NEEDLE_TOLERANCE, needle_examples
 from evaluation.protocols.ruler.sources import split_sentences
 from evaluation.protocols.ruler.tasks import CATEGORIES, RULER_TASKS, TASK_NAMES, ruler_task
 
 PACKAGE_ROOT = Path(import_module("long_context_eval").__file__).parent
-NIAH_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_2", "niah_multikey_3", "niah_multivalue")
+NIAH_TASKS = (
+    "niah_single_1",
+    "niah_single_2",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+)
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +252,19 @@ def test_too_short_a_length_is_one_line(tokenizer):
         generate("vt", 100, 1, tokenizer, 0)
     with pytest.raises(EvaluationError, match="whole number"):
         generate("vt", 0, 1, tokenizer, 0)
+
+
+def test_the_likelihood_scores_the_answer_in_the_format_the_worked_example_shows(at_1024):
+    """vt's worked example answers "they are:  ZCJ XPT ..." (its variables after a space); cwe's lists its words
+    numbered after "are:"; the gold text of the question's answer takes the same form."""
+    vt = at_1024["vt"][0]
+    shown = re.search(r"they are: ( [A-Z]{3}(?: [A-Z]{3})+)\n", vt.context)
+    assert shown, "vt's worked example answers its variables after a space"
+    assert re.fullmatch(r"( [A-Z]{5})+", ruler_gold(vt)) and ruler_gold(vt).split() == list(vt.answers)
+    cwe = at_1024["cwe"][0]
+    assert re.search(r"are:1\. \S+ 2\. \S+", cwe.context), "cwe's worked example numbers its words after the prefix"
+    assert ruler_gold(cwe) == " ".join(f"{i}. {word}" for i, word in enumerate(cwe.answers, start=1))
+    niah = at_1024["niah_multivalue"][0]
+    assert ruler_gold(niah) == " " + ", ".join(niah.answers) and not niah.answer_prefix.endswith(" ")
+    qa = at_1024["qa_1"][0]
+    assert ruler_gold(qa) == " " + qa.answers[0]

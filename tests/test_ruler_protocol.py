@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 from evaluation.cli.main import main
 from evaluation.protocols.kvpress.columns import COLUMNS
+from evaluation.protocols.ruler.card import ratios_of
 from tests.helpers import saved_chat_model
 
 TASKS = ["niah_single_1", "niah_multikey_1", "qa_1"]
@@ -105,6 +106,11 @@ def test_the_kvpress_protocol_reads_the_export_back_to_the_same_rows(model_dir, 
 
     assert cells(rows_of(tmp_path / "kv")) == cells(rows_of(output))
 
+    def likelihoods(rows: list[dict]) -> dict:
+        return {(r["id"], r["press"], r["budget"]): (r["length"], r["depth"], r["answer_nll"]) for r in rows}
+
+    assert likelihoods(rows_of(tmp_path / "kv")) == likelihoods(rows_of(output))
+
 
 def test_the_needle_runs_at_each_depth_and_length_and_draws_its_heatmaps(model_dir, tmp_path):
     argv = ["needle", "--model", str(model_dir), "--lengths", "600", "900", "--depths", "0", "50", "100"]
@@ -120,6 +126,7 @@ def test_the_needle_runs_at_each_depth_and_length_and_draws_its_heatmaps(model_d
         (["kvpress", "--dataset", "ruler-128k"], "unknown KVPress dataset 'ruler-128k'"),
         (["kvpress", "--dataset", "ruler", "--data", "missing.parquet"], "missing.parquet not found"),
         (["needle", "--depths", "150"], "a depth is a percent of the context"),
+        (["kvpress", "--dataset", "needle_in_haystack"], "run python -m evaluation needle"),
     ],
 )
 def test_bad_input_is_one_line_before_the_model(argv, message, capsys, tmp_path):
@@ -134,3 +141,13 @@ def test_kvpress_evaluate_config_runs_as_is(capsys):
     assert main(["ruler", "--config", str(config), "--dry-run", "--model", "smollm2-135m"]) == 0
     plan = capsys.readouterr().out
     assert "at 4096 tokens" in plan and "knorm @ keep 50%" in plan
+
+
+def test_the_leaderboard_places_a_token_budget_at_each_lengths_own_ratio():
+    """A token budget keeps 512 of 1,024 tokens (ratio 0.5) and 512 of 4,096 (0.875): one x per length."""
+    rows = [
+        {"press": "snapkv", "budget_label": "512 tokens", "length": length, "compression_ratio": ratio}
+        for length, ratio in ((1024, 0.5), (1024, 0.5), (4096, 0.875))
+    ]
+    ratios = ratios_of([*rows, {"press": "full", "budget_label": "full", "length": 1024, "compression_ratio": 0.0}])
+    assert ratios == {(1024, "512 tokens"): 0.5, (4096, "512 tokens"): 0.875}

@@ -357,9 +357,9 @@ def needle_rouge_scores(prediction: str, needle: str) -> dict[str, dict[str, flo
 
 def needle_rouge(prediction: str, example: KVPressExample) -> float:
     """Needle in a haystack, in [0, 1]: the ROUGE-1 F of ``needle_rouge_scores`` (F does not depend on the
-    argument order). KVPress reports every value per row and no aggregate; it raises on an empty prediction, which
-    scores 0 here."""
-    if not prediction.strip():
+    argument order). KVPress reports every value per row and no aggregate; it raises on a prediction with no word
+    (empty, or punctuation alone: the ``rouge`` package finds nothing to compare), which scores 0 here."""
+    if not any(character.isalnum() for character in prediction):
         return 0.0
     return float(needle_rouge_scores(prediction, example.answers[0])["rouge-1"]["f"])
 

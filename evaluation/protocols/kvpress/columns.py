@@ -72,7 +72,8 @@ def read_examples(path: Path) -> list[KVPressExample]:
 
 
 def example_of(row: dict, number: int, path: Path) -> KVPressExample:
-    """Row ``number`` of ``path`` as an example; its ``answer`` a string or a list of strings."""
+    """Row ``number`` of ``path`` as an example; its ``answer`` a string or a list of strings; ``id``, ``length``
+    and ``depth`` where the file has them (an export of this harness)."""
     for column in TEXT_COLUMNS:
         if not isinstance(row[column], str):
             raise EvaluationError(f"{path}: row {number}: {column} must be a string")
@@ -83,7 +84,7 @@ def example_of(row: dict, number: int, path: Path) -> KVPressExample:
     tokens = row["max_new_tokens"]
     if isinstance(tokens, bool) or not float(tokens).is_integer() or int(tokens) < 1:
         raise EvaluationError(f"{path}: row {number}: max_new_tokens must be a whole number >= 1")
-    identifier = row.get("id")
+    identifier, length, depth = row.get("id"), row.get("length"), row.get("depth")
     return KVPressExample(
         id=str(identifier) if isinstance(identifier, str) else str(number - 1),
         task=row["task"],
@@ -92,4 +93,6 @@ def example_of(row: dict, number: int, path: Path) -> KVPressExample:
         answer_prefix=row["answer_prefix"],
         answers=answers,
         max_new_tokens=int(tokens),
+        length=int(length) if isinstance(length, (int, float)) and float(length).is_integer() else None,
+        depth=float(depth) if isinstance(depth, (int, float)) and 0 <= depth <= 1 else None,
     )

@@ -12,7 +12,8 @@ from evaluation.protocols.kvpress.columns import KVPressExample, read_examples
 from evaluation.protocols.kvpress.datasets import kvpress_dataset, load_hub, offline_hint, score_example
 from evaluation.protocols.kvpress.protocol import KVPressConfig, KVPressDatasets
 from evaluation.protocols.protocol import REFERENCE, Plan
-from evaluation.protocols.single_turn.examples import checked_cells, dry_run_lines, plan_examples
+from evaluation.protocols.ruler.generate import ruler_gold
+from evaluation.protocols.single_turn.examples import Gold, checked_cells, dry_run_lines, first_answer, plan_examples
 from evaluation.reporting.conditions import ANSWER_NLL
 from evaluation.reporting.overlap import overlap_section
 from evaluation.reporting.scorecard import scores_frame, summarize
@@ -20,12 +21,8 @@ from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.record import fingerprint
 
 BUDGET_OPTIONS = "--ratios or --budgets"
-RULER = "ruler"
-
-
-def all_answers(dataset: str, task: str) -> bool:
-    """Whether a prediction must hold every gold answer: RULER's tasks but qa (string_match_all)."""
-    return dataset == RULER and not task.startswith("qa")
+NEEDLE = "needle_in_haystack"
+GOLD: dict[str, Gold] = {"ruler": ruler_gold}  # a dataset whose likelihood is not its first answer's
 
 
 def examples_of(config: KVPressConfig) -> list[KVPressExample]:
@@ -33,6 +30,11 @@ def examples_of(config: KVPressConfig) -> list[KVPressExample]:
     dataset = kvpress_dataset(config.dataset)
     if config.data:
         return read_examples(Path(config.data))[: config.n]
+    if dataset.name == NEEDLE:
+        raise EvaluationError(
+            f"{NEEDLE}'s hub rows are the haystack without its needle (KVPress inserts it at a depth before running): "
+            "run python -m evaluation needle, which inserts it so, or pass --data FILE whose contexts hold it"
+        )
     try:
         examples = load_hub(dataset, config.subset)
     except EvaluationError:
@@ -63,7 +65,7 @@ def plan(protocol: KVPressDatasets, config: KVPressConfig) -> Plan:
     if config.data:
         settings["file_fingerprint"] = fingerprint(Path(config.data))
     scorer = partial(score_example, dataset.name)
-    return plan_examples(config, examples, cells, scorer, partial(all_answers, dataset.name), settings)
+    return plan_examples(config, examples, cells, scorer, GOLD.get(dataset.name, first_answer), settings)
 
 
 def write_scorecard(protocol: KVPressDatasets, config: KVPressConfig, rows: list[dict]) -> None:

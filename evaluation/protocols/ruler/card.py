@@ -35,15 +35,18 @@ def scored(config: SingleTurnConfig, rule: str) -> str:
     return rule
 
 
-def ratios_of(rows: list[dict]) -> dict[str, float]:
-    """Each budget's mean compression ratio over the rows that ran (a token budget's varies with the context)."""
+def ratios_of(rows: list[dict]) -> dict[tuple[int, str], float]:
+    """Each (length, budget)'s mean compression ratio over the rows that ran (a token budget's varies with the
+    context's length)."""
     frame = pd.DataFrame([row for row in rows if not row.get("error") and row["press"] != FULL_CACHE])
     if frame.empty:
         return {}
-    return frame.groupby("budget_label")["compression_ratio"].mean().to_dict()
+    return frame.groupby(["length", "budget_label"])["compression_ratio"].mean().to_dict()
 
 
-def plot_leaderboard(path: Path, summary: pd.DataFrame, ratios: dict[str, float], lengths: list[int]) -> Figure:
+def plot_leaderboard(
+    path: Path, summary: pd.DataFrame, ratios: dict[tuple[int, str], float], lengths: list[int]
+) -> Figure:
     """KVPress's leaderboard picture per length: the average score over tasks against the compression ratio, a line
     per press with its interval, the full cache a dashed line."""
     metric = summary["metric"].iloc[0]
@@ -57,7 +60,8 @@ def plot_leaderboard(path: Path, summary: pd.DataFrame, ratios: dict[str, float]
         if len(full):
             axis.axhline(full["mean"].iloc[0], color="black", linestyle="--", linewidth=1, label="full cache")
         for i, press in enumerate(presses):
-            line = condition[condition["press"] == press].assign(ratio=lambda f: f["budget"].map(ratios))
+            line = condition[condition["press"] == press]
+            line = line.assign(ratio=[ratios.get((length, budget)) for budget in line["budget"]])
             line = line.dropna(subset=["ratio", "mean"]).sort_values("ratio")
             errors = [(line["mean"] - line["low"]).to_numpy(), (line["high"] - line["mean"]).to_numpy()]
             axis.errorbar(

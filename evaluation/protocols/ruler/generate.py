@@ -32,7 +32,8 @@ from evaluation.errors import EvaluationError
 from evaluation.protocols.kvpress.columns import KVPressExample
 from evaluation.protocols.kvpress.prompt import prompt_tokens
 from evaluation.protocols.ruler.sources import Question, essay_words, qa_dataset, split_sentences, word_list
-from evaluation.protocols.ruler.tasks import RulerTask, ruler_task
+from evaluation.protocols.ruler.tasks import TASK_NAMES, RulerTask, ruler_task
+from evaluation.protocols.single_turn.examples import after_prefix, first_answer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -386,11 +387,13 @@ def fit(
     raise TooShort(measure(built))
 
 
-def needle_depth(context: str, needles: tuple[str, ...]) -> float | None:
-    """Where the first needle starts in the context, in characters over the context's length."""
-    if not needles:
+def needle_depth(context: str, needles: tuple[str, ...], answers: tuple[str, ...]) -> float | None:
+    """Where the first needle the question asks for (one holding a gold answer; a multikey task's distractor keys
+    are not asked for) starts in the context, in characters over the context's length."""
+    asked = [needle for needle in needles if any(f": {answer}." in needle for answer in answers)]
+    if not asked:
         return None
-    return min(context.index(needle) for needle in needles) / len(context)
+    return min(context.index(needle) for needle in asked) / len(context)
 
 
 def to_example(task: RulerTask, length: int, index: int, built: Built) -> KVPressExample:
@@ -405,7 +408,7 @@ def to_example(task: RulerTask, length: int, index: int, built: Built) -> KVPres
         answers=built.answers,
         max_new_tokens=task.tokens_to_generate,
         length=length,
-        depth=needle_depth(context, built.needles),
+        depth=needle_depth(context, built.needles, built.answers),
     )
 
 
@@ -505,3 +508,19 @@ def generate_qa(
             continue
         examples.append(to_example(task, length, len(examples), built))
     return examples
+
+
+def ruler_gold(example: KVPressExample) -> str:
+    """The answer whose likelihood a RULER cell scores, in the format the prompt shows it: vt's variables after a
+    space, as its worked example answers; cwe's words numbered, as its worked example lists them; qa's first answer;
+    the others' answers joined by ", " (a space before them where the answer prefix ends without one)."""
+    if example.task not in TASK_NAMES:
+        return first_answer(example)
+    family = ruler_task(example.task).family
+    if family == "variable_tracking":
+        return " " + " ".join(example.answers)
+    if family == "common_words_extraction":
+        return numbered(list(example.answers))
+    if family == "qa":
+        return first_answer(example)
+    return after_prefix(example, ", ".join(example.answers))

@@ -11,7 +11,13 @@ from evaluation.protocols.ruler.card import write_needle_scorecard
 from evaluation.protocols.ruler.needle import needle_examples
 from evaluation.protocols.ruler.protocol import BUDGET_OPTIONS, Needle, NeedleConfig
 from evaluation.protocols.ruler.work import tokenizer_of
-from evaluation.protocols.single_turn.examples import checked_cells, dry_run_lines, exported, plan_examples
+from evaluation.protocols.single_turn.examples import (
+    checked_cells,
+    dry_run_lines,
+    exported,
+    first_answer,
+    plan_examples,
+)
 
 DATASET = "needle_in_haystack"  # its name in KVPress's evaluation registry
 
@@ -19,10 +25,6 @@ DATASET = "needle_in_haystack"  # its name in KVPress's evaluation registry
 def needle_score(prediction: str, example: KVPressExample) -> float:
     """KVPress's needle-in-a-haystack rule."""
     return score_example(DATASET, prediction, example)
-
-
-def first_answer(task: str) -> bool:
-    return False
 
 
 def checked_depths(config: NeedleConfig) -> None:

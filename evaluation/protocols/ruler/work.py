@@ -9,7 +9,7 @@ from evaluation.metrics.ruler import score
 from evaluation.protocols.kvpress.columns import KVPressExample
 from evaluation.protocols.protocol import Plan
 from evaluation.protocols.ruler.card import write_ruler_scorecard
-from evaluation.protocols.ruler.generate import generate
+from evaluation.protocols.ruler.generate import generate, ruler_gold
 from evaluation.protocols.ruler.protocol import BUDGET_OPTIONS, Ruler, RulerConfig
 from evaluation.protocols.ruler.tasks import RULER_TASKS
 from evaluation.protocols.single_turn.config import SingleTurnConfig
@@ -20,11 +20,6 @@ from evaluation.runs.models import resolve_model_path
 def ruler_score(prediction: str, example: KVPressExample) -> float:
     """RULER's rule of the example's task: string_match_all, or string_match_part for qa."""
     return score(RULER_TASKS[example.task].metric, prediction, list(example.answers))
-
-
-def all_answers(task: str) -> bool:
-    """Whether a RULER task's prediction must hold every gold answer (string_match_all)."""
-    return RULER_TASKS[task].metric == "string_match_all"
 
 
 def tokenizer_of(config: SingleTurnConfig) -> PreTrainedTokenizerBase:
@@ -53,7 +48,7 @@ def dry_run(protocol: Ruler, config: RulerConfig) -> str:
 def plan(protocol: Ruler, config: RulerConfig) -> Plan:
     cells = checked_cells(config, BUDGET_OPTIONS)
     examples = exported(ruler_examples(config), config.export)
-    return plan_examples(config, examples, cells, ruler_score, all_answers, {})
+    return plan_examples(config, examples, cells, ruler_score, ruler_gold, {})
 
 
 def write_scorecard(protocol: Ruler, config: RulerConfig, rows: list[dict]) -> None:

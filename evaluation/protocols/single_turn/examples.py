@@ -35,13 +35,18 @@ def checked_cells(config: SingleTurnConfig, budget_options: str, dry_run: bool =
     return press_cells(presses, config.budgets, budget_options)
 
 
-def gold_text(example: KVPressExample, all_of: bool) -> str:
-    """The answer text whose likelihood a cell scores, as the answer prefix continues it: every gold answer joined
-    by ", " where a prediction must hold them all (``all_of``), else the first; after a space where the prefix
-    ends without one."""
-    text = ", ".join(example.answers) if all_of else example.answers[0]
+Gold = Callable[[KVPressExample], str]  # the answer text whose likelihood a cell scores
+
+
+def after_prefix(example: KVPressExample, text: str) -> str:
+    """``text`` as the example's answer prefix continues it: after a space where the prefix ends without one."""
     spaced = example.answer_prefix and not example.answer_prefix[-1].isspace()
     return f" {text}" if spaced else text
+
+
+def first_answer(example: KVPressExample) -> str:
+    """The first gold answer, as the answer prefix continues it."""
+    return after_prefix(example, example.answers[0])
 
 
 def case_of(
@@ -50,7 +55,7 @@ def case_of(
     context: int,
     query_aware: bool,
     scorer: Scorer,
-    all_of: bool,
+    gold: Gold,
 ) -> Case:
     """The example's cells' case: its prompt within a ``context``-token model (the context cut as KVPress's pipeline
     cuts it, leaving room for the question and the answer), scored by ``scorer``."""
@@ -61,7 +66,7 @@ def case_of(
         id=example.id,
         prompt=prompt,
         answers=list(example.answers),
-        gold=gold_text(example, all_of),
+        gold=gold(example),
         answer_length=example.max_new_tokens,
         score=partial(scorer, example=example),
         identity={"length": example.length, "depth": example.depth},
@@ -75,9 +80,9 @@ def run_example(
     config: SingleTurnConfig,
     cells: list[Cell],
     scorer: Scorer,
-    all_of: Callable[[str], bool],
+    gold: Gold,
 ) -> None:
-    """One unit: one example's missing cells. ``all_of``: whether a task's prediction must hold every answer."""
+    """One unit: one example's missing cells, each scored by ``scorer``, its likelihood that of ``gold``."""
     resolve_presses(config.presses, config.allow_import)  # once per process: a Ray worker's own resolution
     model, tokenizer = loaded
     example: KVPressExample = unit.payload
@@ -87,7 +92,7 @@ def run_example(
         context_length(tokenizer, model.config),
         config.query_aware,
         scorer,
-        all_of(example.task),
+        gold,
     )
     run_case(model, tokenizer, store, config, case, cells)
 
@@ -105,7 +110,7 @@ def plan_examples(
     examples: list[KVPressExample],
     cells: list[Cell],
     scorer: Scorer,
-    all_of: Callable[[str], bool],
+    gold: Gold,
     settings: dict,
 ) -> Plan:
     """One unit per example, each holding every cell; ``settings``: what run.json records beside the data's
@@ -121,7 +126,7 @@ def plan_examples(
         "data_fingerprint": examples_fingerprint(examples),
         "paths": {press: path_record(press, engine) for press in config.presses if press != FULL_CACHE},
     }
-    work = partial(run_example, config=config, cells=cells, scorer=scorer, all_of=all_of)
+    work = partial(run_example, config=config, cells=cells, scorer=scorer, gold=gold)
     tokens = 0 if config.likelihood_only else sum(e.max_new_tokens for e in examples) * len(cells)
     summary = f"{len(examples)} examples x {len(cells)} cells = {len(examples) * len(cells)} cells, " + (
         f"at most {tokens:,} tokens to decode" if tokens else "no decoding (--likelihood-only)"
