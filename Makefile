@@ -105,7 +105,7 @@ RUNS := $(sort $(filter-out results/scorecard/% results/bench/%,$(wildcard resul
 RULER_PRESSES := full snapkv streaming_llm h2o tova rmm knorm
 eval-ruler-committed: setup
 	$(PY) -m evaluation ruler --tasks niah_single_1 niah_single_2 niah_multikey_1 vt qa_1 --lengths 1024 2048 \
-		--n 6 --presses $(RULER_PRESSES) --output results/ruler/smollm2-135m
+		--n 12 --presses $(RULER_PRESSES) --output results/ruler/smollm2-135m
 	$(PY) -m evaluation needle --lengths 1024 2048 --depths 0 10 20 30 40 50 60 70 80 90 100 \
 		--presses full snapkv streaming_llm tova rmm --output results/needle/smollm2-135m
 
@@ -119,7 +119,8 @@ scorecard: setup
 REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 results/reuse/smollm2-135m:2 \
 	results/reuse/smollm2-135m-all-rows:2 results/multiquery/smollm2-135m:2 \
 	results/memory/smollm2-135m:2 results/traces/smollm2-135m:3 \
-	results/probe/smollm2-135m:3 results/probe/smollm2-135m-middle:3 results/perplexity/smollm2-135m:1
+	results/probe/smollm2-135m:3 results/probe/smollm2-135m-middle:3 results/perplexity/smollm2-135m:1 \
+	results/ruler/smollm2-135m:2 results/needle/smollm2-135m:2
 reproduce: setup
 	$(PY) -m evaluation reproduce $(REPRODUCED)
 
