@@ -8,15 +8,10 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.protocols.options import whole
-from evaluation.protocols.protocol import LIKELIHOOD, SAMPLED, Protocol, register
-from evaluation.protocols.single_turn.config import (
-    SingleTurnConfig,
-    add_budget_options,
-    budget_settings,
-    recorded_options,
-)
+from evaluation.protocols.protocol import SAMPLED, register
+from evaluation.protocols.single_turn.config import SingleTurnConfig
+from evaluation.protocols.single_turn.protocol import SingleTurnProtocol, add_budget_options, budget_settings
 from evaluation.protocols.single_turn.row import CellRow
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.models import ModelSettings
@@ -35,7 +30,7 @@ def conditions(row: CellRow) -> list[str]:
     return [row["task"]]
 
 
-class KVPressDatasets(Protocol[KVPressConfig]):
+class KVPressDatasets(SingleTurnProtocol[KVPressConfig]):
     name = "kvpress"
     help = "any dataset of KVPress's evaluation registry, scored by its own benchmark's rule"
     description = (
@@ -46,8 +41,6 @@ class KVPressDatasets(Protocol[KVPressConfig]):
         "scorecard.{md,csv} with pictures, and run.json."
     )
     benchmark = Benchmark("KVPress dataset", conditions, lambda row: (row["task"], row["id"]), 100, 1, unit="points")
-    likelihood = LIKELIHOOD
-    presses = DEFAULT_PRESSES
     implementation = "evaluation.protocols.kvpress.work"
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
@@ -61,12 +54,6 @@ class KVPressDatasets(Protocol[KVPressConfig]):
         return KVPressConfig(
             **budget_settings(args, model, output), dataset=args.dataset, data=args.data, subset=args.subset, n=args.n
         )
-
-    def options_of(self, settings: dict) -> dict:
-        return recorded_options(settings)
-
-    def row_key(self, row: CellRow) -> tuple[str, str, str, str]:
-        return row["task"], row["id"], row["press"], row["budget"]
 
 
 KVPRESS = register(KVPressDatasets())

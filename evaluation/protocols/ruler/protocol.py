@@ -10,16 +10,11 @@ from pathlib import Path
 
 from typing_extensions import NotRequired
 
-from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.protocols.options import whole
-from evaluation.protocols.protocol import LIKELIHOOD, SAMPLED, Protocol, register
+from evaluation.protocols.protocol import SAMPLED, register
 from evaluation.protocols.ruler.tasks import CATEGORIES, TASK_NAMES
-from evaluation.protocols.single_turn.config import (
-    SingleTurnConfig,
-    add_budget_options,
-    budget_settings,
-    recorded_options,
-)
+from evaluation.protocols.single_turn.config import SingleTurnConfig
+from evaluation.protocols.single_turn.protocol import SingleTurnProtocol, add_budget_options, budget_settings
 from evaluation.protocols.single_turn.row import CellRow
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.models import ModelSettings
@@ -81,7 +76,7 @@ def grid_settings(args: argparse.Namespace, model: ModelSettings, output: Path) 
     return {**budget_settings(args, model, output), "lengths": args.lengths, "seed": args.seed, "export": args.export}
 
 
-class Ruler(Protocol[RulerConfig]):
+class Ruler(SingleTurnProtocol[RulerConfig]):
     name = "ruler"
     help = "RULER's 13 synthetic tasks, generated offline, every press at every budget"
     description = (
@@ -92,8 +87,6 @@ class Ruler(Protocol[RulerConfig]):
         "compression ratio), and run.json."
     )
     benchmark = Benchmark("RULER", ruler_conditions, lambda row: (row["task"], row["id"]), 100, 1, unit="points")
-    likelihood = LIKELIHOOD
-    presses = DEFAULT_PRESSES
     implementation = "evaluation.protocols.ruler.work"
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
@@ -107,13 +100,10 @@ class Ruler(Protocol[RulerConfig]):
         return RulerConfig(**grid_settings(args, model, output), tasks=args.tasks, n=args.n)
 
     def options_of(self, settings: dict) -> dict:
-        return {**recorded_options(settings), "export": None}  # a reproduced run writes no export
-
-    def row_key(self, row: GeneratedRow) -> tuple[str, str, str, str]:
-        return row["task"], row["id"], row["press"], row["budget"]
+        return {**super().options_of(settings), "export": None}  # a reproduced run writes no export
 
 
-class Needle(Protocol[NeedleConfig]):
+class Needle(SingleTurnProtocol[NeedleConfig]):
     name = "needle"
     help = "needle-in-a-haystack as KVPress runs it: a needle at each depth of each length"
     description = (
@@ -125,8 +115,6 @@ class Needle(Protocol[NeedleConfig]):
     benchmark = Benchmark(
         "Needle in a haystack", needle_conditions, lambda row: (row["task"], row["id"]), 100, 1, unit="points"
     )
-    likelihood = LIKELIHOOD
-    presses = DEFAULT_PRESSES
     implementation = "evaluation.protocols.ruler.needle_work"
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
@@ -139,10 +127,7 @@ class Needle(Protocol[NeedleConfig]):
         return NeedleConfig(**grid_settings(args, model, output), depths=args.depths)
 
     def options_of(self, settings: dict) -> dict:
-        return {**recorded_options(settings), "export": None}  # a reproduced run writes no export
-
-    def row_key(self, row: GeneratedRow) -> tuple[str, str, str, str]:
-        return row["task"], row["id"], row["press"], row["budget"]
+        return {**super().options_of(settings), "export": None}  # a reproduced run writes no export
 
 
 RULER = register(Ruler())
