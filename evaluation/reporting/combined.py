@@ -207,7 +207,7 @@ def write_combined(
     ]
     press_contrasts = pd.concat(against, ignore_index=True) if against else None
     if press_contrasts is not None:
-        with_holm(press_contrasts, [""])  # one family per metric across the pools
+        with_holm(press_contrasts, [""], seed)  # one family per metric across the pools
     conditions = {pool.title: list(dict.fromkeys(part["condition"])) for pool, part in zip(pools, frames, strict=True)}
     title = f"Scorecard against {reference}"
     write_scorecard(
