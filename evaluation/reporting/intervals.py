@@ -82,10 +82,6 @@ class Difference(Interval):
         return self.test.error if self.test else 0.0
 
 
-def minimum_detectable(sd: float, n: int) -> float:
-    return POWER_FACTOR * sd / np.sqrt(n)
-
-
 def resampled_means(values: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> np.ndarray:
     """The means of ``resamples`` resamples of ``values`` with replacement, seeded."""
     values = np.asarray(values, dtype=np.float64)
@@ -145,13 +141,6 @@ def clustered_se(sums: np.ndarray, sizes: np.ndarray) -> float:
         return float("nan")
     residuals = sums - sizes * sums.sum() / sizes.sum()
     return float(np.sqrt(sums.size / (sums.size - 1) * np.sum(residuals**2)) / sizes.sum())
-
-
-def bootstrap_p(means: np.ndarray) -> float:
-    """The two-sided p-value of a mean of 0 from the same resampled means as the interval: twice the smaller
-    share of them on either side of 0, at most 1. Kept for reference: it runs 3 to 10 times under the exact
-    sign-flip test on sparse differences and moves with the seed, so no verdict reads it."""
-    return float(min(1.0, 2 * min(np.mean(means <= 0), np.mean(means >= 0))))
 
 
 def sign_flip_test(
