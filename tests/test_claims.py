@@ -1,9 +1,9 @@
 """Every figure README.md and results/README.md quote, recomputed from the committed files.
 
 results/README.md states its claims as table rows that name their scorecard cell,
-``| claim | `RUN: METRIC · CONDITION · BUDGET · PRESS vs BASELINE` | difference [interval] | n | MDE | verdict |
-Holm |`` for a paired difference (against ``h2o`` or ``full``: the run's scorecard.csv; against another press: its
-press_contrasts.csv; a reuse contrast named in the CONDITION place: its contrasts.csv), and
+``| claim | `RUN: METRIC · CONDITION · BUDGET · PRESS vs BASELINE` | difference [interval] | n | clusters | MDE | p |
+verdict | Holm p | Holm |`` for a paired difference (against ``h2o`` or ``full``: the run's scorecard.csv; against
+another press: its press_contrasts.csv; a reuse contrast named in the CONDITION place: its contrasts.csv), and
 ``| claim | `RUN: METRIC · CONDITION · BUDGET · PRESS` | mean [interval] | n |`` for a cell's mean. Each such row is
 rebuilt here from the file, at the decimals the document prints. The other figures (wall times, counts, the lab's
 fields) are claims built here from run.json, predictions.jsonl or a json file. A last test finds every interval
@@ -24,6 +24,7 @@ import pytest
 from evaluation.protocols.traces.policies import lag_control
 from evaluation.protocols.traces.tova_claims import tova_claims
 from evaluation.reporting.intervals import paired
+from evaluation.reporting.scorecard import p_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -96,12 +97,15 @@ def cell_row(spec: str, printed: list[str]) -> list[str]:
         line, prefix = scorecard(run)[metric, condition, budget, press], "" if baseline == "h2o" else "full_"
     else:
         line, prefix = press_contrasts(run)[metric, condition, budget, press, baseline], ""
-    mde = number(line[f"{prefix}mde"], decimals(printed[2])) if line[f"{prefix}mde"] else "-"
+    mde = number(line[f"{prefix}mde"], decimals(printed[3])) if line[f"{prefix}mde"] else "-"
     return [
         interval(line, prefix, digits, True),
         line["n"],
+        line["clusters"],
         mde,
+        p_text(float(line[f"{prefix}p"] or "nan"), float(line[f"{prefix}p_error"] or 0)),
         line[f"{prefix}verdict"],
+        p_text(float(line[f"{prefix}holm_p"] or "nan")),
         line[f"{prefix}holm_verdict"],
     ]
 
@@ -305,8 +309,10 @@ def lab_claims() -> list[str]:
 
 
 def gap(scores: dict, reference: dict) -> str:
-    """A paired difference of two presses' scores in percentage points, with its bootstrap interval."""
-    interval = paired(scores, reference, "gap", 10_000, 0).scaled(100)
+    """A paired difference of two presses' scores in percentage points, with its bootstrap interval (of
+    conversations or episodes where the keys name one)."""
+    clusters = {key: key[0] for key in scores} if all(key[0] is not None for key in scores) else None
+    interval = paired(scores, reference, "gap", 10_000, 0, clusters).scaled(100)
     return f"{interval.mean:+.1f} [{interval.low:+.1f}, {interval.high:+.1f}]"
 
 

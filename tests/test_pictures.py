@@ -81,5 +81,5 @@ def test_the_forest_plot_draws_every_compared_press_with_its_interval(tmp_path):
         "difference against the full cache",
     ]
     legend = [text.get_text() for text in forest.legends[0].get_texts()]
-    assert legend == ["tova", "rmm", "h2o", "win", "tie", "loss", "too few (under 10 pairs): no verdict"]
+    assert legend == ["tova", "rmm", "h2o", "win", "tie", "loss", "too few (under 10 clusters): no verdict"]
     assert [axis.get_ylabel() for axis in forest.axes] == ["condition, budget"] * 2

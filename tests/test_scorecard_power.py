@@ -3,6 +3,8 @@ cases."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -29,11 +31,12 @@ def test_holm_on_a_hand_case():
     assert holm_verdict(+0.2, 0.03, higher_is_better=False) == "loss"
 
 
-def test_the_bootstrap_p_value_agrees_with_its_interval():
+def test_the_p_value_is_the_sign_flip_tests_beside_the_bootstrap_interval():
+    """40 non-zero differences: 10,000 random flips, none reaching the observed sum, p = 1 / 10,001."""
     rng = np.random.default_rng(1)
     reference = {i: 0.0 for i in range(40)}
     clear = paired({i: 0.5 + rng.normal(0, 0.1) for i in range(40)}, reference, "clear", 2_000, 0)
-    assert clear.p == 0.0 and clear.verdict() == "win"
+    assert clear.p == pytest.approx(1 / 10_001) and clear.verdict() == "win" and not clear.test.exact
     noise = paired({i: rng.normal(0, 0.1) for i in range(40)}, reference, "noise", 2_000, 0)
     assert noise.verdict() == "tie" and noise.p > 0.05
 
@@ -101,7 +104,8 @@ def test_tallies_count_each_question_once():
     """Every condition is a loss, but "overall (1-4)" holds every other condition's questions but the
     adversarial ones: the tally counts overall and adversarial, 2 losses, not one per overlapping row."""
     rows = locomo_rows("full", 0) + locomo_rows("h2o", 0) + locomo_rows("tova", -0.2)
-    frame = scores_frame(LOCOMO, [{**row, "answer_nll": None} for row in rows])
+    unclustered = replace(LOCOMO, cluster=None)  # four conversations: clustered, every verdict would be too few
+    frame = scores_frame(unclustered, [{**row, "answer_nll": None} for row in rows])
     summary = summarize(frame, "h2o", resamples=500)
     tova = summary[summary["press"] == "tova"]
     assert set(tova["verdict"]) == {"loss", "too few"}  # the first turn holds 4 questions
@@ -120,8 +124,8 @@ def test_the_forest_draws_intervals_under_the_verdict_threshold_and_says_why(tmp
     forest = plot_forest(tmp_path / "forest.png", summary, "h2o")
     assert len(forest.axes) == 2 and all(axis.get_lines() for axis in forest.axes), "against h2o and the full cache"
     assert [axis.get_title() for axis in forest.axes] == [
-        "answer NLL against h2o; no verdict: every comparison has under 10 pairs",
-        "answer NLL against the full cache; no verdict: every comparison has under 10 pairs",
+        "answer NLL against h2o; no verdict: every comparison has under 10 clusters",
+        "answer NLL against the full cache; no verdict: every comparison has under 10 clusters",
     ]
     labels = [axis.get_xlabel() for axis in forest.axes]
     assert all("(answer NLL, nats per token; lower is better; 95% paired bootstrap interval)" in x for x in labels)

@@ -62,7 +62,7 @@ def longbench_rows(press: str, shift: float, ids: range) -> list[dict]:
 def locomo_rows(press: str, shift: float) -> list[dict]:
     return [
         {
-            "conversation": "conv-1",
+            "conversation": f"conv-{i % 20}",  # 20 conversations of 2 questions: a verdict needs 10
             "question_index": i,
             "press": press,
             "budget_label": "1800 tokens",
@@ -228,7 +228,10 @@ def test_a_contrast_pairs_two_conditions_of_one_press_by_their_matched_pair():
     )
     rows[1]["budget_label"] += OVER_THE_CONTEXT  # a pair's second question, asked later, may see a longer history
     (line,) = contrast_table(benchmark, rows).to_dict("records")
-    assert (line["contrast"], line["n"], line["verdict"]) == ("reuse - fresh", 12, "win")
+    # 8 pairs one way, 2 the other, 2 tied: the exact sign-flip p is 2 x (1 + 10 + 45) / 2^10, where the bootstrap's
+    # twice-the-smaller-tail gave a win
+    assert (line["contrast"], line["n"], line["verdict"]) == ("reuse - fresh", 12, "tie")
+    assert line["p"] == pytest.approx(112 / 1024)
     assert line["diff"] == pytest.approx(100 * (8 - 2) / 12) and line["minuend"] == pytest.approx(100 * 9 / 12)
     assert line["diff_low"] > 0
     (few,) = contrast_table(benchmark, [r for r in rows if r["conversation"] == "c0"]).to_dict("records")

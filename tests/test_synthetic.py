@@ -297,7 +297,7 @@ def test_reuse_streams_resumes_and_refuses_other_episodes(model_dir, tmp_path, c
     combined = (tmp_path / "combined" / "scorecard.md").read_text()
     assert "| Reuse asked again | 300 tokens |" in combined
     assert "## Reuse: asked again - never asked (control), paired" in combined
-    header = "| budget | press | asked again | never asked (control) | difference | n | MDE | verdict | Holm |"
+    header = "| budget | press | asked again | never asked (control) | difference | n | MDE | p | verdict | Holm |"
     assert header in combined
     note = "not a use against none"
     assert note in scorecard and note in combined, "the contrast says what it measures"

@@ -188,7 +188,8 @@ def write_combined(
     except ValueError as error:
         raise EvaluationError(str(error)) from error
     note = (
-        f"Mean [95% bootstrap interval over examples, {resamples} resamples, seed {seed}] (n). A table per "
+        f"Mean [95% bootstrap interval over examples, or over the units they share, {resamples} resamples, seed "
+        f"{seed}] (n). A table per "
         "benchmark (runs of one benchmark that differ in how scores are computed, or hold the same examples, a "
         "table each, named by their folders), with the presses that ran there. Below, each press against "
         f"{reference} on the examples both ran: the paired difference, its interval and the verdict, per metric "
@@ -207,7 +208,7 @@ def write_combined(
     ]
     press_contrasts = pd.concat(against, ignore_index=True) if against else None
     if press_contrasts is not None:
-        with_holm(press_contrasts, [""])  # one family per metric across the pools
+        with_holm(press_contrasts, [""], seed)  # one family per metric across the pools
     conditions = {pool.title: list(dict.fromkeys(part["condition"])) for pool, part in zip(pools, frames, strict=True)}
     title = f"Scorecard against {reference}"
     write_scorecard(

@@ -73,9 +73,11 @@ class PressContrast:
 @dataclass(frozen=True)
 class Benchmark:
     """A protocol's scorecard: its conditions, what identifies an example, and its official score (``scale``,
-    ``digits``, ``unit``). ``measured``: the metrics its scorecard reports; empty: the official score, then the gold
-    answer's likelihood (``ANSWER_NLL``) where rows hold it. ``press_contrasts``: the press-against-baseline
-    comparisons its scorecard adds to those against the reference and the full cache."""
+        ``digits``, ``unit``). ``measured``: the metrics its scorecard reports; empty: the official score, then the gold
+        answer's likelihood (``ANSWER_NLL``) where rows hold it. ``press_contrasts``: the press-against-baseline
+        comparisons its scorecard adds to those against the reference and the full cache (an exploratory Holm family of
+    their own). ``cluster``: the unit examples share (LoCoMo's questions a conversation), named by ``cluster_unit``;
+    intervals come from a bootstrap of these units and tests from sign flips of their summed differences."""
 
     name: str
     conditions: Callable[[dict], list[str]]  # the conditions a row counts in
@@ -87,6 +89,12 @@ class Benchmark:
     unit: str = "official score"
     measured: tuple[Metric, ...] = ()
     press_contrasts: tuple[PressContrast, ...] = ()
+    cluster: Callable[[dict], object] | None = None  # the unit a row shares with others; None: its example alone
+    cluster_unit: str = "example"  # what ``cluster`` names (a conversation, an episode, a document)
+
+    def cluster_of(self, row: dict) -> object:
+        """The unit that ``row``'s example shares with others: intervals resample these, tests flip their signs."""
+        return self.cluster(row) if self.cluster else self.example_id(row)
 
     @property
     def score(self) -> Metric:

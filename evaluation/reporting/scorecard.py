@@ -23,25 +23,34 @@ from evaluation.catalogue.specs import FULL_CACHE, plan_spec
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.reporting.conditions import Benchmark, Contrast, Metric, PressContrast
 from evaluation.reporting.intervals import (
+    EXACT_UP_TO,
+    MC_ERROR_SE,
     MIN_EXAMPLES_FOR_INTERVAL,
+    MIN_FLIPS,
     MIN_PAIRS,
     Difference,
-    bootstrap,
+    cluster_bootstrap,
     holm,
     holm_verdict,
     paired,
+    settled,
 )
 from evaluation.runs.files import SCORECARD_FILES, refuse_links, replaced, write_atomically
 
 TOO_FEW = "too few"
-VERDICT_COLORS = {"win": "#1b9e77", "tie": "#7f7f7f", "loss": "#d95f02", TOO_FEW: "#bdbdbd"}
+NO_HEADROOM = "tie (no headroom)"  # a tie against a reference that itself ties the full cache there
+VERDICT_COLORS = {"win": "#1b9e77", "tie": "#7f7f7f", "loss": "#d95f02", TOO_FEW: "#bdbdbd", NO_HEADROOM: "#bdbdbd"}
 MARKERS = "osD^vP*Xhp<>d8"
-COMPARED = ("diff", "diff_low", "diff_high", "verdict", "p", "mde", "holm_p", "holm_verdict")  # per baseline
+COMPARED = ("diff", "diff_low", "diff_high", "verdict", "p", "p_error", "mde", "holm_p", "holm_verdict")
 POWER_NOTE = (
-    "MDE: the smallest difference its n pairs detect with 80% power at a two-sided 5% level, (z_0.975 + z_0.8) x "
-    "the paired differences' SD / sqrt(n) (normal approximation). Holm: the verdict after Holm's correction over "
-    "this scorecard's comparisons of the metric (against both baselines), from the bootstrap's p-value (twice the "
-    "smaller share of resampled mean differences on either side of 0)."
+    "p: the paired sign-flip permutation test of the mean difference (two-sided; on the summed differences of each "
+    f"cluster where pairs share a unit), exact over every sign assignment up to {EXACT_UP_TO} non-zero differences, "
+    f"else {MIN_FLIPS:,} seeded random flips with the Monte Carlo error (`p_error` in the csv, {MC_ERROR_SE:g} "
+    "standard errors). A verdict is win or loss where p < 0.05 in the metric's direction, else tie; the interval "
+    "(a bootstrap, of clusters where pairs share a unit) only shows the spread. MDE: the smallest difference these "
+    "pairs detect with 80% power at a two-sided 5% level, (z_0.975 + z_0.8) x the mean's standard error "
+    "(cluster-robust where pairs share a unit; SD / sqrt(n) otherwise; normal approximation). Holm: the verdict "
+    "after Holm's correction over the primary family (below)."
 )
 
 
@@ -60,6 +69,8 @@ def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd
             "budget": row["budget_label"],
             "press": row["press"],
             "example": benchmark.example_id(row),
+            "cluster": benchmark.cluster_of(row),
+            "unit": benchmark.cluster_unit,
             "score": np.nan if row.get("error") else row[metric.field] * metric.scale,
             "failed": bool(row.get("error")),
             "output": row.get(metric.output) if metric.output else None,
@@ -71,7 +82,8 @@ def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd
         if row.get("error") or row.get(metric.field) is not None
         for condition in benchmark.conditions(row)
     ]
-    columns = ["row", "metric", "benchmark", "condition", "budget", "press", "example", "score", "failed", "output"]
+    columns = ["row", "metric", "benchmark", "condition", "budget", "press", "example", "cluster", "unit", "score"]
+    columns += ["failed", "output"]
     frame = pd.DataFrame(records, columns=[*columns, "digits", "ceiling"])
     if frame.duplicated(["metric", "condition", "budget", "press", "example"]).any():
         raise ValueError("an example appears twice for one condition, budget and press: the runs overlap")
@@ -84,7 +96,10 @@ def scores_frame(benchmark: Benchmark, rows: list[dict], prefix: str = "") -> pd
     return frame[keep].drop(columns="row").reset_index(drop=True)
 
 
-VERDICTS = ("win", "tie", "loss")  # the comparisons an interval decides; the tallies count these
+PRIMARY = "primary"  # the comparisons at the tallied conditions: each example counted once
+SUBGROUPS = "sub-conditions (exploratory)"  # those at conditions that share their examples with a tallied one
+VERDICTS = ("win", "tie", "loss")  # the comparisons a test decides; the tallies count these
+DECIDED = (*VERDICTS, NO_HEADROOM)
 
 
 def baselines(reference: str) -> list[tuple[str, str]]:
@@ -98,7 +113,10 @@ def baseline_name(against: str) -> str:
 
 
 def with_metric(frame: pd.DataFrame) -> pd.DataFrame:
-    """A frame built without ``scores_frame``: its one metric a score of its digits and ceiling, one benchmark."""
+    """A frame built without ``scores_frame``: its one metric a score of its digits and ceiling, one benchmark,
+    every example its own cluster."""
+    if "cluster" not in frame:
+        frame = frame.assign(cluster=frame["example"], unit="example")
     if "metric" in frame:
         return frame
     metrics = [
@@ -128,18 +146,21 @@ def summarize(
     for (metric, condition, budget, press), group in frame.groupby(keys, sort=False):
         ran = group.dropna(subset=["score"])
         line = {"metric": metric, "condition": condition, "budget": budget, "press": press, "n": len(ran)}
+        line |= {"clusters": ran["cluster"].nunique(), "unit": group["unit"].iloc[0]}
         line |= {"failed": int(group["failed"].sum()), "digits": int(group["digits"].iloc[0])}
         if len(ran):
-            interval = bootstrap(ran["score"].to_numpy(), resamples, seed)
+            interval = cluster_bootstrap(ran["score"].to_numpy(), ran["cluster"].to_numpy(), resamples, seed)
             line |= {"mean": interval.mean, "low": interval.low, "high": interval.high}
         lines.append(line)
-    summary = pd.DataFrame(lines).reindex(columns=[*keys, "n", "failed", "digits", "mean", "low", "high"])
+    columns = [*keys, "n", "clusters", "unit", "failed", "digits", "mean", "low", "high"]
+    summary = pd.DataFrame(lines).reindex(columns=columns)
     cells = {key: group.set_index("example") for key, group in frame.groupby(keys, sort=False)}
     for prefix, against in baselines(reference):
         summary[f"{prefix}verdict"] = ["reference" if press == against else "-" for press in summary["press"]]
         for name in COMPARED:
             if name != "verdict":
                 summary[f"{prefix}{name}"] = np.nan
+        summary[f"{prefix}test"] = None
         for index, line in summary.iterrows():
             base_budget = FULL_CACHE if against == FULL_CACHE else line["budget"]
             base = cells.get((line["metric"], line["condition"], base_budget, against))
@@ -152,35 +173,88 @@ def summarize(
             verdict, difference = compare(cell, base, label, resamples, seed, line["metric"].higher_is_better)
             summary.loc[index, f"{prefix}verdict"] = verdict
             if difference is not None:
-                summary.loc[index, [f"{prefix}{name}" for name in ("diff", "diff_low", "diff_high", "p", "mde")]] = (
-                    difference.mean,
-                    difference.low,
-                    difference.high,
-                    difference.p,
-                    difference.detectable,
-                )
-    with_holm(summary, [prefix for prefix, _ in baselines(reference)])
+                for name, value in zip(DIFFERENCE_FIELDS, difference_fields(difference), strict=True):
+                    summary.at[index, f"{prefix}{name}"] = value
+    tallied = tallied_conditions(frame)
+    summary["tallied"] = [key in tallied for key in zip(summary["metric"], summary["condition"], strict=True)]
+    summary["family"] = np.where(summary["tallied"], PRIMARY, SUBGROUPS)
+    with_holm(summary, [prefix for prefix, _ in baselines(reference)], seed)
+    with_headroom(summary, reference)
     if reference == FULL_CACHE:  # the pairing with the full cache is the pairing with the reference
         for name in COMPARED:
             summary[f"full_{name}"] = summary[name]
-    tallied = tallied_conditions(frame)
-    summary["tallied"] = [key in tallied for key in zip(summary["metric"], summary["condition"], strict=True)]
     return summary
 
 
-def with_holm(table: pd.DataFrame, prefixes: list[str]) -> None:
+DIFFERENCE_FIELDS = ("diff", "diff_low", "diff_high", "p", "p_error", "mde", "test")
+
+
+def difference_fields(difference: Difference) -> tuple[object, ...]:
+    """``DIFFERENCE_FIELDS`` of ``difference``, in that order (``test``: its ``Permutation``, which Holm may
+    redraw; no file holds it)."""
+    return (
+        difference.mean,
+        difference.low,
+        difference.high,
+        difference.p,
+        difference.p_error,
+        difference.detectable,
+        difference.test,
+    )
+
+
+def with_headroom(summary: pd.DataFrame, reference: str) -> None:
+    """In place: where the reference ties the full cache (tie, identical or no signal) at a (metric, condition,
+    budget), every tie against the reference there reads ``NO_HEADROOM``; where the reference loses to it, each
+    press's difference against the reference as a share of that loss (``cost_share``: (press - reference) /
+    (full - reference), 1 where a press recovers all of it)."""
+    summary["cost_share"] = np.nan
+    if reference == FULL_CACHE:
+        return
+    keys = ["metric", "condition", "budget"]
+    for _, group in summary.groupby(keys, sort=False):
+        base = group[group["press"] == reference]
+        if base.empty:
+            continue
+        standing, cost = base["full_verdict"].iloc[0], -base["full_diff"].iloc[0]
+        others = group.index[group["press"] != reference]
+        if standing in ("tie", "identical", "no signal"):
+            for column in ("verdict", "holm_verdict"):
+                ties = [i for i in others if summary.loc[i, column] == "tie"]
+                summary.loc[ties, column] = NO_HEADROOM
+        elif standing == "loss" and cost:
+            summary.loc[others, "cost_share"] = summary.loc[others, "diff"] / cost
+
+
+def with_holm(table: pd.DataFrame, prefixes: list[str], seed: int = DEFAULT_SEED) -> None:
     """``holm_p`` and ``holm_verdict`` (per prefix) in place: Holm's correction over every win / tie / loss of one
-    metric (all prefixes together); other lines keep their verdict."""
+    metric and ``family`` where the table has one (all prefixes together); other lines keep their verdict."""
     for prefix in prefixes:
         table[f"{prefix}holm_verdict"] = table[f"{prefix}verdict"]
         table[f"{prefix}holm_p"] = float("nan")  # where nothing is tested (every pair identical, say)
-    for metric, group in table.groupby("metric", sort=False):
+    keys = ["metric", "family"] if "family" in table else ["metric"]
+    for (metric, *_), group in table.groupby(keys, sort=False):
         tested = [(i, p) for p in prefixes for i in group.index if group.loc[i, f"{p}verdict"] in VERDICTS]
+        settle(table, tested, seed)
         adjusted = holm([float(table.loc[i, f"{p}p"]) for i, p in tested])
         for (index, prefix), value in zip(tested, adjusted, strict=True):
             difference = table.loc[index, f"{prefix}diff"]
             table.loc[index, f"{prefix}holm_p"] = value
             table.loc[index, f"{prefix}holm_verdict"] = holm_verdict(difference, value, metric.higher_is_better)
+
+
+def settle(table: pd.DataFrame, tested: list[tuple[int, str]], seed: int) -> None:
+    """In place: the family ``tested``'s Monte Carlo p-values redrawn until the Monte Carlo error leaves no Holm
+    decision open (``settled``), their ``p`` and ``p_error`` updated; the unadjusted verdicts stay as drawn first
+    only where the redraw does not move p across 0.05."""
+    column = [(i, p, table.loc[i, f"{p}test"]) for i, p in tested if f"{p}test" in table]
+    known = [(i, p, test) for i, p, test in column if test is not None]
+    for (index, prefix, before), after in zip(known, settled([t for _, _, t in known], seed), strict=True):
+        if after is not before:
+            table.at[index, f"{prefix}test"] = after
+            table.loc[index, [f"{prefix}p", f"{prefix}p_error"]] = (after.p, after.error)
+            better = table.loc[index, "metric"].higher_is_better if "metric" in table else True
+            table.loc[index, f"{prefix}verdict"] = holm_verdict(table.loc[index, f"{prefix}diff"], after.p, better)
 
 
 def tallied_conditions(frame: pd.DataFrame) -> set[tuple[Metric, str]]:
@@ -200,8 +274,9 @@ def tallied_conditions(frame: pd.DataFrame) -> set[tuple[Metric, str]]:
 def compare(
     cell: pd.DataFrame, base: pd.DataFrame, label: str, resamples: int, seed: int, higher_is_better: bool = True
 ) -> tuple[str, Difference | None]:
-    """The verdict of ``cell`` against ``base`` (both indexed by example) and the paired interval behind it (for
-    "too few" as well, from two pairs)."""
+    """The verdict of ``cell`` against ``base`` (both indexed by example; ``cluster``: each example's unit) and
+    the paired difference behind it: win or loss where the sign-flip test's p is under 5%, else tie; "too few"
+    under ``MIN_PAIRS`` clusters (its interval still given, from two pairs)."""
     pairs = cell.join(base, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
     outputs = pairs["output"].notna().all()
     if len(pairs) and outputs and (pairs["output"] == pairs["output_base"]).all():
@@ -214,8 +289,11 @@ def compare(
         return ("no signal" if outputs else "identical"), None
     if len(pairs) < MIN_EXAMPLES_FOR_INTERVAL:
         return TOO_FEW, None
-    difference = paired(dict(cell["score"]), dict(base["score"]), label, resamples, seed)
-    return (TOO_FEW if len(pairs) < MIN_PAIRS else difference.verdict(higher_is_better)), difference
+    clusters = dict(cell["cluster"]) if "cluster" in cell else None
+    difference = paired(dict(cell["score"]), dict(base["score"]), label, resamples, seed, clusters)
+    if difference.clusters < MIN_PAIRS:
+        return TOO_FEW, difference
+    return holm_verdict(difference.mean, difference.p, higher_is_better), difference
 
 
 def paired_line(
@@ -233,9 +311,9 @@ def paired_line(
     verdict, difference = compare(cell, base, label, resamples, seed, higher_is_better)
     both = cell.join(base, rsuffix="_base", how="inner").dropna(subset=["score", "score_base"])
     line = {"n": len(both), means[0]: both["score"].mean(), means[1]: both["score_base"].mean(), "verdict": verdict}
+    line["clusters"] = both["cluster"].nunique() if "cluster" in both else len(both)
     if difference is not None:
-        line |= {"diff": difference.mean, "diff_low": difference.low, "diff_high": difference.high}
-        line |= {"p": difference.p, "mde": difference.detectable}
+        line |= dict(zip(DIFFERENCE_FIELDS, difference_fields(difference), strict=True))
     return line
 
 
@@ -261,9 +339,10 @@ def contrast_table(
                 first, second, ("minuend", "subtrahend"), label, resamples, seed, metric.higher_is_better
             )
             lines.append(line | {"metric": metric, "digits": metric.digits, "note": contrast.note})
-    columns = ["contrast", "budget", "press", "n", "minuend", "subtrahend", "diff", "diff_low", "diff_high", "verdict"]
-    table = pd.DataFrame(lines).reindex(columns=[*columns, "p", "mde", "metric", "digits", "note"])
-    with_holm(table, [""])
+    columns = ["contrast", "budget", "press", "n", "clusters", "minuend", "subtrahend", "diff", "diff_low"]
+    columns += ["diff_high", "verdict", "p", "p_error", "mde", "metric", "digits", "note", "test"]
+    table = pd.DataFrame(lines).reindex(columns=columns)
+    with_holm(table, [""], seed)
     return table
 
 
@@ -275,6 +354,7 @@ def _contrast_frame(benchmark: Benchmark, contrast: Contrast, rows: list[dict]) 
             "budget": row["budget_label"].removesuffix(OVER_THE_CONTEXT),  # the two of a pair may differ in length
             "press": row["press"],
             "pair": contrast.pair(row),
+            "cluster": str(benchmark.cluster_of(row)) if benchmark.cluster else str(contrast.pair(row)),
             "score": np.nan if row.get("error") else row[metric.field] * metric.scale,
             "output": row.get(metric.output) if metric.output else None,
             "ceiling": metric.scale if metric.bounded else np.nan,
@@ -284,10 +364,11 @@ def _contrast_frame(benchmark: Benchmark, contrast: Contrast, rows: list[dict]) 
         for side, condition in enumerate((contrast.minuend, contrast.subtrahend))
         if condition in benchmark.conditions(row)
     ]
-    return pd.DataFrame(records, columns=["side", "budget", "press", "pair", "score", "output", "ceiling"])
+    return pd.DataFrame(records, columns=["side", "budget", "press", "pair", "cluster", "score", "output", "ceiling"])
 
 
-PRESS_CONTRAST_COLUMNS = ["metric", "condition", "budget", "press", "baseline", "n", "press_mean", "baseline_mean"]
+PRESS_CONTRAST_COLUMNS = ["metric", "condition", "budget", "press", "baseline", "n", "clusters", "press_mean"]
+PRESS_CONTRAST_COLUMNS += ["baseline_mean"]
 
 
 def press_contrast_table(
@@ -313,9 +394,10 @@ def press_contrast_table(
             means = ("press_mean", "baseline_mean")
             line |= paired_line(cell, base, means, label, resamples, seed, metric.higher_is_better)
             lines.append(line | {"digits": metric.digits})
-    columns = [*PRESS_CONTRAST_COLUMNS, "diff", "diff_low", "diff_high", "verdict", "p", "mde", "digits"]
+    columns = [*PRESS_CONTRAST_COLUMNS, "diff", "diff_low", "diff_high", "verdict", "p", "p_error", "mde", "digits"]
+    columns += ["test"]
     table = pd.DataFrame(lines).reindex(columns=columns)
-    with_holm(table, [""])
+    with_holm(table, [""], seed)
     return table
 
 
@@ -324,21 +406,23 @@ def press_contrast_section(table: pd.DataFrame) -> list[str]:
     lines = ["", "## Presses against baselines, paired", ""]
     lines += [
         "Each press against the baseline at the same condition and budget, paired by example; win: the press is "
-        "better in the metric's direction. MDE as above; Holm over these comparisons of the metric."
+        "better in the metric's direction. Exploratory: p, MDE as above; Holm over these comparisons of the metric, "
+        "a family of their own, apart from the primary one."
     ]
     for metric, group in table.groupby("metric", sort=False):
         lines += ["", f"### {metric.label}", ""]
         lines += [
-            "| condition | budget | press | baseline | press mean | baseline mean | difference | n | MDE | verdict "
+            "| condition | budget | press | baseline | press mean | baseline mean | difference | n | MDE | p | verdict "
             "| Holm p | Holm |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for _, line in group.iterrows():
             digits = int(line["digits"])
             difference = interval_text(line["diff"], line["diff_low"], line["diff_high"], digits, True) or "-"
             means = [number_text(line[side], digits) for side in ("press_mean", "baseline_mean")]
             cells = [line["condition"], line["budget"], line["press"], line["baseline"], *means, difference, line["n"]]
-            cells += [number_text(line["mde"], digits), line["verdict"], p_text(line["holm_p"]), line["holm_verdict"]]
+            cells += [number_text(line["mde"], digits), p_text(line["p"], line["p_error"]), line["verdict"]]
+            cells += [p_text(line["holm_p"]), line["holm_verdict"]]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     return lines
 
@@ -352,13 +436,13 @@ def contrast_section(table: pd.DataFrame) -> list[str]:
         lines += ["", f"## {name}, paired", ""]
         lines += [
             f"Each {first} question against the {second} question of its pair (same press, same budget) on "
-            f"{metric.label}; win: {first} is better. MDE and Holm as above, Holm over the contrasts."
-            + (f" {group['note'].iloc[0]}" if group["note"].iloc[0] else ""),
+            f"{metric.label}; win: {first} is better. p and MDE as above; Holm over the contrasts, a family of their "
+            "own." + (f" {group['note'].iloc[0]}" if group["note"].iloc[0] else ""),
             "",
         ]
         lines += [
-            f"| budget | press | {first} | {second} | difference | n | MDE | verdict | Holm |",
-            "|---|---|---|---|---|---|---|---|---|",
+            f"| budget | press | {first} | {second} | difference | n | MDE | p | verdict | Holm |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for _, line in group.iterrows():
             digits = int(line["digits"])
@@ -370,7 +454,8 @@ def contrast_section(table: pd.DataFrame) -> list[str]:
             means = [f"{line[side]:.{digits}f}" for side in ("minuend", "subtrahend")]
             detectable = number_text(line["mde"], digits)
             cells = [line["budget"], line["press"], *means, difference, line["n"], detectable]
-            lines.append("| " + " | ".join(map(str, [*cells, line["verdict"], line["holm_verdict"]])) + " |")
+            cells += [p_text(line["p"], line["p_error"]), line["verdict"], line["holm_verdict"]]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
     return lines
 
 
@@ -380,7 +465,7 @@ def wins_ties_losses(summary: pd.DataFrame, prefix: str = "", holm: bool = False
     "identical", "no signal" and "too few" are no comparison and are not counted."""
     column = f"{prefix}holm_verdict" if holm else f"{prefix}verdict"
     counted = summary["tallied"].fillna(False).astype(bool) if "tallied" in summary else True
-    verdicts = summary[summary[column].isin(VERDICTS) & counted]
+    verdicts = summary[summary[column].isin(DECIDED) & counted].replace({column: {NO_HEADROOM: "tie"}})
     counts = pd.crosstab(verdicts["press"], verdicts[column]).reindex(columns=list(VERDICTS), fill_value=0)
     return counts.reindex(list(dict.fromkeys(verdicts["press"])))
 
@@ -390,7 +475,7 @@ def comparisons(summary: pd.DataFrame, reference: str) -> pd.DataFrame:
     reference, then against the full cache."""
     parts = []
     for prefix, against in baselines(reference):
-        drawn = summary[f"{prefix}verdict"].isin(VERDICTS) | summary[f"{prefix}diff"].notna()
+        drawn = summary[f"{prefix}verdict"].isin(DECIDED) | summary[f"{prefix}diff"].notna()
         renamed = {f"{prefix}{name}": name for name in COMPARED}
         chosen = summary[drawn & (summary[f"{prefix}verdict"] != "reference")]
         part = chosen[["metric", "condition", "budget", "press", "n", "digits", *renamed]].rename(columns=renamed)
@@ -404,8 +489,8 @@ def other_verdicts(summary: pd.DataFrame, prefix: str) -> str:
     named = [f"{counts[v]} {v}" for v in ("identical", "no signal", TOO_FEW) if v in counts]
     return (
         f"Not compared: {', '.join(named)} (identical: the same output in every pair; no signal: both at the floor, "
-        f"both at the ceiling, or the same score in every pair; too few: under {MIN_PAIRS} pairs, their interval "
-        "listed without a verdict)."
+        f"both at the ceiling, or the same score in every pair; too few: under {MIN_PAIRS} clusters (pairs where "
+        "none share a unit), their interval listed without a verdict)."
         if named
         else ""
     )
@@ -415,9 +500,12 @@ def number_text(value: float, digits: int) -> str:
     return "-" if pd.isna(value) else f"{value:.{digits}f}"
 
 
-def p_text(value: float) -> str:
-    """A p-value to 3 decimals; under 0.0005, ``<0.001`` (no resampled mean crossed 0)."""
-    return "-" if pd.isna(value) else "<0.001" if value < 0.0005 else f"{value:.3f}"
+def p_text(value: float, error: float = 0.0) -> str:
+    """A p-value to 3 decimals (under 0.0005, ``<0.001``), with its Monte Carlo error where it has one."""
+    if pd.isna(value):
+        return "-"
+    text = "<0.001" if value < 0.0005 else f"{value:.3f}"
+    return text + (f" ± {error:.3f}" if not pd.isna(error) and error > 0 else "")
 
 
 def interval_text(mean: float, low: float, high: float, digits: int, signed: bool = False) -> str:
@@ -464,8 +552,9 @@ def write_scorecard(
     link where one belongs is refused before any is written (``evaluation.runs.files``)."""
     refuse_links(output, SCORECARD_FILES)
     output.mkdir(parents=True, exist_ok=True)
-    columns = ["metric", "condition", "budget", "press", "mean", "low", "high", "n", "failed"]
-    columns += [f"{prefix}{name}" for prefix in ("", "full_") for name in COMPARED] + ["tallied"]
+    columns = ["metric", "condition", "budget", "press", "mean", "low", "high", "n", "clusters", "failed"]
+    columns += [f"{prefix}{name}" for prefix in ("", "full_") for name in COMPARED]
+    columns += ["cost_share", "tallied", "family"]
     with replaced(output / "scorecard.csv") as staging:
         summary.reindex(columns=columns).assign(metric=summary["metric"].map(metric_name)).to_csv(staging, index=False)
     presses = list(dict.fromkeys([*(presses or []), *summary["press"]]))  # the asked ones first, then any stored
@@ -478,11 +567,12 @@ def write_scorecard(
         ran = [press for press in presses if press in set(chosen["press"])]
         held = [budget for budget in budgets if budget in set(chosen["budget"])]
         lines += ["", f"## {heading}", *score_tables(chosen, ran, held, "###")]
+    lines += families_section(summary, reference, contrasts, press_contrasts)
     for prefix, against in baselines(reference):
         lines += comparison_section(summary, prefix, against)
     sections = (
-        (contrasts, "contrasts.csv", ["digits", "note"], contrast_section),
-        (press_contrasts, "press_contrasts.csv", ["digits"], press_contrast_section),
+        (contrasts, "contrasts.csv", ["digits", "note", "test"], contrast_section),
+        (press_contrasts, "press_contrasts.csv", ["digits", "test"], press_contrast_section),
     )
     for table, name, internal, section in sections:
         if table is not None and not table.empty:
@@ -494,6 +584,46 @@ def write_scorecard(
     write_atomically(output / "scorecard.md", "\n".join(lines + (appendix or [])) + "\n")
     plot_scores(output / "scorecard.png", summary, presses, budgets)
     plot_forest(output / "forest.png", summary, reference)
+
+
+def families_section(
+    summary: pd.DataFrame,
+    reference: str,
+    contrasts: pd.DataFrame | None,
+    press_contrasts: pd.DataFrame | None,
+) -> list[str]:
+    """The markdown that names the unit pairs are clustered by and declares every Holm family: its comparisons
+    and their count."""
+    units = list(dict.fromkeys(summary["unit"].dropna())) if "unit" in summary else []
+    lines = ["", "## Units and Holm families", ""]
+    if (summary["clusters"] < summary["n"]).any():
+        lines += [
+            f"Pairs share a unit ({', '.join(units)}): every interval is a bootstrap of these clusters, every test "
+            'flips the signs of their summed differences, n counts pairs and clusters, and "too few" means under '
+            f"{MIN_PAIRS} clusters.",
+            "",
+        ]
+    elif units:
+        lines += [f'Unit: the {", ".join(units)}, each pair its own; "too few" means under {MIN_PAIRS} pairs.', ""]
+    against = " and ".join(dict.fromkeys([reference, "the full cache"]))
+    for metric in metrics_of(summary):
+        for family, where in ((PRIMARY, "the tallied conditions"), (SUBGROUPS, "the other conditions")):
+            chosen = summary[(summary["metric"] == metric) & (summary["family"] == family)]
+            tested = sum(int(chosen[f"{p}holm_p"].notna().sum()) for p, _ in baselines(reference))
+            conditions = ", ".join(dict.fromkeys(chosen["condition"]))
+            if conditions:
+                lines.append(
+                    f"- {family.capitalize()}, {metric.name}: the {tested} tested comparisons of each press against "
+                    f"{against} at every budget of {where} ({conditions})."
+                )
+    for table, name in ((press_contrasts, "press against press"), (contrasts, "the paired contrasts")):
+        if table is not None and not table.empty:
+            for metric, group in table.groupby("metric", sort=False):
+                lines.append(
+                    f"- Exploratory, {metric_name(metric)}: the {int(group['holm_p'].notna().sum())} tested "
+                    f"comparisons of {name}, a family of their own."
+                )
+    return lines
 
 
 def metric_name(metric: object) -> str:
@@ -543,7 +673,7 @@ def comparison_section(summary: pd.DataFrame, prefix: str, against: str) -> list
 
 def metric_comparisons(summary: pd.DataFrame, prefix: str, against: str, metric: Metric) -> list[str]:
     counts, name = wins_ties_losses(summary, prefix), baseline_name(against)
-    listed = summary[summary[f"{prefix}verdict"].isin(VERDICTS) | summary[f"{prefix}diff"].notna()]
+    listed = summary[summary[f"{prefix}verdict"].isin(DECIDED) | summary[f"{prefix}diff"].notna()]
     listed = listed[listed[f"{prefix}verdict"] != "reference"]
     if listed.empty:
         return [other_verdicts(summary, prefix) or "Nothing to compare."]
@@ -551,8 +681,8 @@ def metric_comparisons(summary: pd.DataFrame, prefix: str, against: str, metric:
     if not counts.empty:
         corrected = wins_ties_losses(summary, prefix, holm=True).reindex(counts.index, fill_value=0)
         lines += [
-            f"Wins / ties / losses against {name} on {metric.label} (a tie is a paired interval that contains 0), "
-            "and after Holm's correction:",
+            f"Wins / ties / losses against {name} on {metric.label} (a tie: the sign-flip test's p is 0.05 or "
+            "more), and after Holm's correction over the primary family:",
             "",
         ]
         lines += [
@@ -561,26 +691,63 @@ def metric_comparisons(summary: pd.DataFrame, prefix: str, against: str, metric:
             for press, row in counts.iterrows()
         ]
         lines += overlap_note(summary, prefix)
+    lines += headroom_note(summary) if prefix == "" else []
     lines += ["", other_verdicts(summary, prefix)] if other_verdicts(summary, prefix) else []
+    shares = prefix == "" and summary["cost_share"].notna().any()
     lines += [
         "",
-        f"| condition | budget | press | difference vs {against} | n | MDE | verdict | Holm p | Holm |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| condition | budget | press | difference vs {against} | n | MDE | p | verdict | Holm p | Holm |"
+        + (" share of its cost |" if shares else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if shares else ""),
     ]
     for _, line in listed.iterrows():
         digits = int(line["digits"])
         diff = [line[f"{prefix}diff"], line[f"{prefix}diff_low"], line[f"{prefix}diff_high"]]
         difference = interval_text(*diff, digits, signed=True)
-        cells = [line["condition"], line["budget"], line["press"], difference, line["n"]]
-        cells += [number_text(line[f"{prefix}mde"], digits), line[f"{prefix}verdict"]]
-        cells += [p_text(line[f"{prefix}holm_p"]), line[f"{prefix}holm_verdict"]]
+        cells = [line["condition"], line["budget"], line["press"], difference, pairs_text(line)]
+        cells += [number_text(line[f"{prefix}mde"], digits), p_text(line[f"{prefix}p"], line[f"{prefix}p_error"])]
+        cells += [line[f"{prefix}verdict"], p_text(line[f"{prefix}holm_p"]), line[f"{prefix}holm_verdict"]]
+        cells += [share_text(line["cost_share"])] if shares else []
         lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
+
+
+def pairs_text(line: pd.Series) -> str:
+    """n, with its clusters where pairs share a unit: ``180 (10 conversations)``."""
+    unit = line.get("unit", "example")
+    if pd.isna(line.get("clusters")) or unit == "example" or line["clusters"] == line["n"]:
+        return str(line["n"])
+    return f"{line['n']} ({int(line['clusters'])} {unit}s)"
+
+
+def share_text(value: float) -> str:
+    return "-" if pd.isna(value) else f"{value:+.0%}"
+
+
+def headroom_note(summary: pd.DataFrame) -> list[str]:
+    """Where the reference ties the full cache, and what the shares of its cost mean."""
+    spared = summary[(summary["verdict"] == NO_HEADROOM) | (summary["holm_verdict"] == NO_HEADROOM)]
+    places = list(dict.fromkeys(zip(spared["condition"], spared["budget"], strict=True)))
+    lines = []
+    if places:
+        named = "; ".join(f"{condition}, {budget}" for condition, budget in places)
+        lines += [
+            "",
+            f"No headroom ({named}): the reference ties the full cache there, so the budget leaves no room for a win "
+            f'against it; a tie there reads "{NO_HEADROOM}" and says nothing about the presses.',
+        ]
+    if summary["cost_share"].notna().any():
+        lines += [
+            "",
+            "Share of its cost: where the reference loses to the full cache, a press's difference against it as a "
+            "share of that loss ((press - reference) / (full - reference); +100%: all of it recovered).",
+        ]
     return lines
 
 
 def overlap_note(summary: pd.DataFrame, prefix: str) -> list[str]:
     """Which conditions the tallies leave out because their examples are already counted."""
-    compared = summary[summary[f"{prefix}verdict"].isin(VERDICTS)]
+    compared = summary[summary[f"{prefix}verdict"].isin(DECIDED)]
     counted = compared["tallied"].fillna(False).astype(bool)
     left_out = list(dict.fromkeys(compared.loc[~counted, "condition"]))
     if not left_out:
@@ -628,7 +795,8 @@ def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: 
         for i, press in enumerate(compressed):
             line = chosen[chosen["press"] == press].set_index("budget").reindex(budgets)
             x = np.arange(len(budgets)) + (i - (len(compressed) - 1) / 2) * 0.04
-            errors = [(line["mean"] - line["low"]).to_numpy(), (line["high"] - line["mean"]).to_numpy()]
+            spread = [(line["mean"] - line["low"]).to_numpy(), (line["high"] - line["mean"]).to_numpy()]
+            errors = [np.clip(side, 0, None) for side in spread]  # a percentile interval may leave out its mean
             axis.errorbar(
                 x,
                 line["mean"].to_numpy(),
@@ -688,7 +856,9 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
     for axis, ((against, metric), group) in zip(axes, groups, strict=True):
         forest_panel(axis, group, presses)
         no_verdict = (
-            f"; no verdict: every comparison has under {MIN_PAIRS} pairs" if (group["verdict"] == TOO_FEW).all() else ""
+            f"; no verdict: every comparison has under {MIN_PAIRS} clusters"
+            if (group["verdict"] == TOO_FEW).all()
+            else ""
         )
         axis.set_title(f"{metric.name} against {baseline_name(against)}{no_verdict}", fontsize=8)
         axis.set_xlabel(
@@ -698,7 +868,9 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
         )
         axis.set_ylabel("condition, budget", fontsize=7)
     verdicts = [
-        Line2D([], [], marker="s", linestyle="", color=c, label=v) for v, c in VERDICT_COLORS.items() if v != TOO_FEW
+        Line2D([], [], marker="s", linestyle="", color=c, label=v)
+        for v, c in VERDICT_COLORS.items()
+        if v in VERDICTS or (v == NO_HEADROOM and (compared["verdict"] == NO_HEADROOM).any())
     ]
     verdicts.append(
         Line2D(
@@ -708,7 +880,7 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
             linestyle="",
             color=VERDICT_COLORS[TOO_FEW],
             markerfacecolor="none",
-            label=f"too few (under {MIN_PAIRS} pairs): no verdict",
+            label=f"too few (under {MIN_PAIRS} clusters): no verdict",
         )
     )
     figure.legend(
@@ -731,7 +903,7 @@ def forest_panel(axis: Axes, group: pd.DataFrame, presses: list[str]) -> None:
             axis.errorbar(
                 line["diff"],
                 position + (i - (len(presses) - 1) / 2) * spread,
-                xerr=[[line["diff"] - line["diff_low"]], [line["diff_high"] - line["diff"]]],
+                xerr=[[max(0.0, line["diff"] - line["diff_low"])], [max(0.0, line["diff_high"] - line["diff"])]],
                 marker=MARKERS[i % len(MARKERS)],
                 color=color,
                 markerfacecolor="none" if line["verdict"] == TOO_FEW else color,

@@ -47,6 +47,8 @@ BENCHMARK = Benchmark(
     3,
     CONDITION_ORDER,
     unit="F1, 0 to 1; adversarial: its own rule",
+    cluster=lambda row: row["conversation"],
+    cluster_unit="conversation",
 )
 
 

@@ -55,7 +55,9 @@ class Perplexity(Protocol[PerplexityConfig]):
         "and score every token after the first. Results go to OUTPUT/predictions.jsonl (one line per text x press x "
         "budget; rerunning resumes), scorecard.{md,csv} with pictures, and run.json."
     )
-    benchmark = Benchmark("Perplexity", conditions, lambda row: (row["text"],), 1, 4, measured=(STREAMED_NLL,))
+    benchmark = Benchmark(
+        "Perplexity", conditions, lambda row: (row["text"],), 1, 4, measured=(STREAMED_NLL,), cluster_unit="text"
+    )
     presses = DEFAULT_PRESSES
     implementation = "evaluation.protocols.perplexity.work"
 

@@ -53,6 +53,7 @@ def position_benchmark(rows: list[ProbeRow]) -> Benchmark:
         order,
         unit=BENCHMARK.unit,
         measured=(BENCHMARK.score,),
+        cluster_unit=BENCHMARK.cluster_unit,
     )
 
 

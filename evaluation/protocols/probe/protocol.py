@@ -87,7 +87,14 @@ def conditions(row: ProbeRow) -> list[str]:
 
 
 BENCHMARK = Benchmark(
-    "Probe", conditions, lambda row: (row["probe"],), 100, 1, (OVERALL, CORRECT, INCORRECT), unit="% of probes"
+    "Probe",
+    conditions,
+    lambda row: (row["probe"],),
+    100,
+    1,
+    (OVERALL, CORRECT, INCORRECT),
+    unit="% of probes",
+    cluster_unit="probe",
 )
 
 

@@ -209,7 +209,8 @@ def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) 
     metric = "Likelihood only: the gold answer's likelihood" if config.likelihood_only else task.metric
     note = (
         f"{metric}, {rows[0]['placement']} placement; {visibility(rows)}; {evictions(rows)}. Each cell: mean "
-        f"[95% bootstrap interval over questions] (n){task.caveat}."
+        f"[95% bootstrap interval over {task.benchmark.cluster_unit}s, which the questions share] (n questions)"
+        f"{task.caveat}."
     )
     labels = [b.label for b in config.budgets]
     summary = summarize(frame, REFERENCE)

@@ -78,8 +78,13 @@ def length_of(conversation: Conversation) -> str:
 
 
 def _benchmark(
-    name: str, conditions: Callable[[dict], list[str]], order: tuple[str, ...], contrasts: tuple[Contrast, ...] = ()
+    name: str,
+    conditions: Callable[[dict], list[str]],
+    order: tuple[str, ...],
+    contrasts: tuple[Contrast, ...] = (),
+    unit: str = "episode",
 ) -> Benchmark:
+    """A synthetic family's benchmark: its questions clustered by the generated episode (``unit``) they ask."""
     return Benchmark(
         name,
         conditions,
@@ -89,6 +94,8 @@ def _benchmark(
         order,
         contrasts,
         unit="accuracy, %",
+        cluster=lambda row: row["conversation"],
+        cluster_unit=unit,
     )
 
 
@@ -287,6 +294,7 @@ MULTIQUERY = StreamTask(
         "Multi-query",
         lambda row: [OVERALL, f"{row['length']} context", row["kind"]],
         (OVERALL, *multiquery.KINDS),
+        unit="document",
     ),
     metric="Accuracy (%, string match of the number)",
     add_options=add_multiquery_options,

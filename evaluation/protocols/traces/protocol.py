@@ -63,7 +63,14 @@ def conditions(row: TraceRow) -> list[str]:
 
 
 BENCHMARK = Benchmark(
-    "Traces", conditions, lambda row: (row["trace"],), 1, 3, METRICS, unit="each condition's own measure"
+    "Traces",
+    conditions,
+    lambda row: (row["trace"],),
+    1,
+    3,
+    METRICS,
+    unit="each condition's own measure",
+    cluster_unit="trace",
 )
 PROTOCOL = "traces"
 
