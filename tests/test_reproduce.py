@@ -181,8 +181,8 @@ def test_floats_differ_beyond_1e6_and_everything_else_exactly():
 
 def test_each_field_is_compared_under_its_own_tolerance():
     committed = {"nll": 3.0, "nll_by_position": [4.0, 3.0], "answer_nll": 1.0, "score": 3.0}
-    within = {"nll": 3.0 + 4e-7, "nll_by_position": [4.0, 3.0 - 3e-6], "answer_nll": 1.0 + 9e-7, "score": 3.0 + 9e-7}
+    within = {"nll": 3.0 + 9e-7, "nll_by_position": [4.0, 3.0 - 3e-6], "answer_nll": 1.0 + 9e-7, "score": 3.0 + 9e-7}
     assert row_difference("k", committed, within) == ""
-    assert row_difference("k", committed, {**within, "nll": 3.0 + 6e-7}).startswith("k nll: committed 3.0 vs now")
+    assert row_difference("k", committed, {**within, "nll": 3.0 + 2e-6}).startswith("k nll: committed 3.0 vs now")
     beyond = {**within, "nll_by_position": [4.0, 3.0 - 5e-6]}
     assert row_difference("k", committed, beyond).startswith("k nll_by_position[1]: committed 3.0")

@@ -44,12 +44,13 @@ from evaluation.runs.store import ResultStore
 # The largest difference allowed between a committed float and the re-run's, per field (a list's items take its
 # field's). Measured (benchmarks/numerics.py, docs/reliability.md "Numerics"): the committed perplexity cell re-run at
 # 1 and at 2 intra-op threads moved a text's mean NLL (``nll``) by at most 2.4e-7 and a window of ``nll_by_position``
-# by at most 1.9e-6; each tolerance is that bound doubled and rounded up to one digit. The answer likelihood and every
+# by at most 1.9e-6; shorter streams (tests/test_numerics.py, 64 and 128 tokens) moved ``nll`` by up to 4.8e-7. Each
+# tolerance is the largest seen, doubled and rounded up to one digit. The answer likelihood and every
 # other float (``score``, which other protocols share) keep 1e-6: not measured on a committed cell (a Ray worker's
 # one thread moved ``answer_nll`` by about 5e-7). A re-run at the recorded count computes the same bits; a tolerance
 # covers what a run did not record (a run.json from before ``threads``, another machine's kernels).
 TOLERANCE = 1e-6
-TOLERANCES = {"nll": 5e-7, "nll_by_position": 4e-6, "answer_nll": 1e-6}
+TOLERANCES = {"nll": 1e-6, "nll_by_position": 4e-6, "answer_nll": 1e-6}
 NOT_COMPARED = ("output",)  # the settings a reproduction changes: its rows go to a temporary folder
 MISSING = object()
 
