@@ -114,8 +114,8 @@ scorecard: setup
 
 # Every committed run re-run in part from its run.json (docs/reliability.md): RUN:K re-runs its K cheapest units, or
 # where a unit splits into steps its first K steps (a streamed question, a probe, a trace's replay); rows compared
-# with the committed ones (text byte for byte, floats within 1e-6). It prints an estimate per run from its run.json
-# (under 20 minutes in all on 2 cores).
+# with the committed ones at the run's recorded thread count (text byte for byte, floats within their measured
+# tolerances). It prints an estimate per run from its run.json (under 20 minutes in all on 2 cores).
 REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 results/reuse/smollm2-135m:2 \
 	results/reuse/smollm2-135m-all-rows:2 results/multiquery/smollm2-135m:2 \
 	results/memory/smollm2-135m:2 results/traces/smollm2-135m:3 \

@@ -21,6 +21,10 @@ if missing:
         "pip install -e '.[eval]' in the checkout (make setup does)"
     )
 
+from evaluation.runs.numerics import runtime_environment  # noqa: E402
+
+runtime_environment()  # before torch loads its OpenMP and MKL runtimes
+
 from evaluation.cli.main import main  # noqa: E402
 
 sys.exit(main())

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import pytest
-import torch
-from transformers import PreTrainedModel
+from evaluation.runs.numerics import runtime_environment
 
-from tests.helpers import SHARED_DATA, tiny_model
+runtime_environment()  # as python -m evaluation sets it, before torch loads its OpenMP and MKL runtimes
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import PreTrainedModel  # noqa: E402
+
+from tests.helpers import SHARED_DATA, tiny_model  # noqa: E402
 
 
 @pytest.fixture(params=["llama", "qwen2"])

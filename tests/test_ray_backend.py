@@ -66,8 +66,8 @@ def sorted_lines(output: Path) -> list[str]:
 
 
 def same_rows(remote: Path, local: Path) -> None:
-    """Every row field for field, the answer's likelihood to 1e-5: a Ray worker runs on one thread, and a float32
-    reduction over another number of threads rounds otherwise (the greedy predictions do not move)."""
+    """Every row field for field, the answer's likelihood to 1e-5: the bound from when a Ray worker ran on one thread
+    (a float32 reduction over another number of threads rounds otherwise); a worker now sets the run's count."""
     likelihood = [json.loads(line).pop("answer_nll", None) for line in sorted_lines(local)]
     rows = {side: [json.loads(line) for line in sorted_lines(side)] for side in (remote, local)}
     assert [dict(r, answer_nll=None) for r in rows[remote]] == [dict(r, answer_nll=None) for r in rows[local]]

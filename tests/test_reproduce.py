@@ -1,7 +1,7 @@
 """``python -m evaluation reproduce``: a fresh run on a tiny model reproduces (whole units, and a streamed run's
-first questions, which equal the whole stream's), a changed character or a likelihood changed by more than 1e-6 is
-reported with its row and field (exit 1), a change within 1e-6 is not, and a folder it cannot reproduce is one line
-and exit status 2 before any model is loaded."""
+first questions, which equal the whole stream's), a changed character or a likelihood changed by more than its
+field's tolerance is reported with its row and field (exit 1), a change within it is not, and a folder it cannot
+reproduce is one line and exit status 2 before any model is loaded."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli.main import main
-from evaluation.cli.reproduce import first_difference, sample
+from evaluation.cli.reproduce import TOLERANCES, first_difference, row_difference, sample
 from evaluation.protocols.protocol import Plan
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import ModelSettings
@@ -110,7 +110,7 @@ def test_a_streamed_runs_first_questions_are_the_whole_streams(locomo_model_dir,
     assert status == 1 and " answer_nll: committed 1.0 vs now " in lines[-1], "the changed row is the last asked"
 
 
-def test_a_perplexity_run_reproduces_each_position_to_1e6(model_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+def test_a_perplexity_run_reproduces_each_position_to_its_tolerance(model_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
     output = tmp_path / "ppl"
     argv = ["perplexity", "--model", str(model_dir), "--texts", "multi_news:0", "locomo:conv-26", "--length", "40"]
@@ -121,7 +121,7 @@ def test_a_perplexity_run_reproduces_each_position_to_1e6(model_dir, tmp_path, m
 
     def nudged(rows: list[dict]) -> dict:
         row = next(row for row in rows if row["press"] == "tova")
-        row["nll_by_position"][1] -= 2e-6
+        row["nll_by_position"][1] -= 2 * TOLERANCES["nll_by_position"]
         return row
 
     changed = rewrite(output, nudged)
@@ -177,3 +177,12 @@ def test_floats_differ_beyond_1e6_and_everything_else_exactly():
     assert first_difference(1, 1.0, "tokens") == "tokens: committed 1 vs now 1.0"
     assert first_difference(None, 0.0, "answer_nll") == "answer_nll: committed None vs now 0.0"
     assert first_difference(float("nan"), float("nan"), "nll") == ""
+
+
+def test_each_field_is_compared_under_its_own_tolerance():
+    committed = {"nll": 3.0, "nll_by_position": [4.0, 3.0], "answer_nll": 1.0, "score": 3.0}
+    within = {"nll": 3.0 + 9e-7, "nll_by_position": [4.0, 3.0 - 3e-6], "answer_nll": 1.0 + 9e-7, "score": 3.0 + 9e-7}
+    assert row_difference("k", committed, within) == ""
+    assert row_difference("k", committed, {**within, "nll": 3.0 + 2e-6}).startswith("k nll: committed 3.0 vs now")
+    beyond = {**within, "nll_by_position": [4.0, 3.0 - 5e-6]}
+    assert row_difference("k", committed, beyond).startswith("k nll_by_position[1]: committed 3.0")

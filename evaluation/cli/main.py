@@ -25,6 +25,7 @@ from evaluation.protocols.protocol import REFERENCE, Protocol, protocols
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.runs.backends import Backend
 from evaluation.runs.models import SMOLLM2_ALIAS, ModelSettings
+from evaluation.runs.numerics import machine_threads
 from evaluation.runs.terminal import quiet_libraries
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -45,6 +46,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cpu", help="torch device (default cpu; cuda, cuda:1, mps)")
     parser.add_argument("--device-map", choices=["auto"], help="spread the model over the devices (accelerate)")
+    parser.add_argument(
+        "--threads",
+        type=whole(1),
+        help=f"intra-op threads of every process that computes the run (default this machine's cores, "
+        f"{machine_threads()} here); recorded, since a float's last bits depend on it",
+    )
 
 
 def add_protocol(subparsers: argparse._SubParsersAction, protocol: Protocol) -> None:
@@ -80,7 +87,8 @@ def add_protocol(subparsers: argparse._SubParsersAction, protocol: Protocol) -> 
 
 def model_settings(args: argparse.Namespace) -> ModelSettings:
     """The model of a protocol's parsed options."""
-    return ModelSettings(args.model, args.dtype, args.attn_implementation, args.device, args.device_map)
+    threads = args.threads or machine_threads()
+    return ModelSettings(args.model, args.dtype, args.attn_implementation, args.device, args.device_map, threads)
 
 
 def run_protocol(args: argparse.Namespace) -> int:
@@ -177,7 +185,8 @@ COMMANDS = (
         "re-run a sample of committed runs from their run.json and check their rows",
         "Rebuild each run's configuration from its run.json, re-run a sample of its units (the cheapest by the "
         "run's unit seconds; a prefix of steps where a unit splits into steps) into a temporary folder, and compare "
-        "every row with the committed row of its key: text byte for byte, floats within 1e-6. One line per run; "
+        "every row with the committed row of its key, at the run's recorded thread count: text byte for byte, floats "
+        "within their field's measured tolerance (docs/reliability.md). One line per run; "
         "exit status 1 when one differs, 2 for a folder it cannot reproduce.",
         add_reproduce_options,
         "evaluation.cli.reproduce:command",

@@ -10,6 +10,7 @@ from pathlib import Path
 from evaluation.protocols.protocol import SAMPLE, SCORES, Plan, Protocol, lacks, recorded, results_defining
 from evaluation.runs.backends import LOCAL, Backend, run_units
 from evaluation.runs.files import PROGRESS_LOG
+from evaluation.runs.numerics import fix_numerics, numerics_record
 from evaluation.runs.progress import duration, reporting
 from evaluation.runs.record import RunRecord
 from evaluation.runs.store import ResultStore
@@ -24,6 +25,8 @@ def run(protocol: Protocol, config, backend: Backend = LOCAL) -> Path:
     pooled = [key for key, defines in defining.items() if defines == SCORES]
     record = RunRecord(config.output, settings, tuple(defining), protocol.record_defaults(), protocol.name, pooled)
     with record, reporting(config.output / PROGRESS_LOG) as progress:
+        fix_numerics(config.model.threads)  # as the model's load does in every process that computes rows
+        record.note(numerics=numerics_record(config.model.device))
         store = ResultStore(config.output / "predictions.jsonl", protocol.row_key)
         incomplete = partial(lacks, fields=protocol.likelihood)  # older rows without the answer's likelihood
         progress.say(f"{protocol.name} into {config.output}: {plan_line(plan, store)}")

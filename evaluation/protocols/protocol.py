@@ -49,7 +49,9 @@ PROTOCOL_MODULES = (
 DEFINING = {DEFINES: SCORES}  # ``field(metadata=DEFINING)``
 SAMPLED = {DEFINES: SAMPLE}  # ``field(metadata=SAMPLED)``
 # the model's field: what each key of its record defines (a scorecard pools the runs of one model name apart)
-MODEL_DEFINING = {DEFINES: {"model": SAMPLE, "dtype": SCORES, "attn_implementation": SCORES, "device": SAMPLE}}
+MODEL_DEFINING = {
+    DEFINES: {"model": SAMPLE, "dtype": SCORES, "attn_implementation": SCORES, "device": SAMPLE, "threads": SAMPLE}
+}
 
 
 def results_defining(config: object) -> dict[str, str]:

@@ -170,12 +170,11 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 class RayWorker:
-    """One model per worker process, reused for every unit it is given."""
+    """One model per worker process, reused for every unit it is given; ``load`` (``ModelSettings.load``) sets the
+    run's thread count and deterministic kernels in the worker first, so that a worker computes the floats a local
+    run does (not Ray's CPU share, which changed their last bits)."""
 
-    def __init__(self, load: Callable[[], Any], threads: int) -> None:
-        import torch
-
-        torch.set_num_threads(threads)
+    def __init__(self, load: Callable[[], Any]) -> None:
         self.loaded = load()
 
     def run(
@@ -234,7 +233,7 @@ def run_on_ray(
     load = model.on_worker().load
 
     def fresh():
-        return actor.remote(load, options["num_cpus"])
+        return actor.remote(load)
 
     def unit_rows(unit: Unit) -> list[dict]:
         return [row for row in store.rows if store.key(row) in unit.keys]

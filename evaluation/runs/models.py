@@ -15,11 +15,12 @@ import shutil
 import tempfile
 import time
 from contextlib import nullcontext, redirect_stderr
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError, refused_write
+from evaluation.runs.numerics import fix_numerics, machine_threads
 from evaluation.runs.progress import active, duration
 from evaluation.runs.terminal import interactive
 
@@ -238,13 +239,15 @@ def load_model(
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """Which model a run loads, in which precision, with which attention, where."""
+    """Which model a run loads, in which precision, with which attention, where, and with how many intra-op threads
+    (``threads``: a float's last bits depend on it, ``evaluation.runs.numerics``)."""
 
     name: str = SMOLLM2_ALIAS
     dtype: str = "float32"
     attn_implementation: str = "sdpa"
     device: str = "cpu"
     device_map: str | None = None
+    threads: int = field(default_factory=machine_threads)
 
     def record(self) -> dict:
         """The settings as ``run.json`` keeps them (flat, next to the protocol's)."""
@@ -254,6 +257,7 @@ class ModelSettings:
             "attn_implementation": self.attn_implementation,
             "device": self.device,
             "device_map": self.device_map,
+            "threads": self.threads,
         }
 
     @property
@@ -290,7 +294,9 @@ class ModelSettings:
             raise EvaluationError(f"--device {self.device}: this machine has no MPS device; use --device cpu")
 
     def load(self) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-        """``load_model`` for a run: any failure is an error that says what ``--model`` accepts."""
+        """``load_model`` for a run, in a process whose numerics are fixed first (its ``threads``, deterministic
+        kernels): any failure is an error that says what ``--model`` accepts."""
+        fix_numerics(self.threads)
         try:
             return load_model(self.name, self.attn_implementation, self.device, self.dtype, self.device_map)
         except OSError as error:

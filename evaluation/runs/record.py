@@ -134,6 +134,11 @@ class RunRecord:
     def write(self) -> None:
         write_atomically(self.path, json.dumps(self.record, indent=2) + "\n")
 
+    def note(self, **fields: object) -> None:
+        """Add ``fields`` to this session's entry now (what its numerics depend on, ``loop.run``)."""
+        self.session.update(fields)
+        self.write()
+
     def finish(self, outcome: Outcome, **extra: object) -> None:
         """Complete this session's entry (units run, wall time, each unit's seconds, device...)."""
         self.session.update(
