@@ -149,6 +149,38 @@ MEMORY, TRACES, REUSE, MQ = (
 )
 
 
+RULER, NEEDLE = "ruler/smollm2-135m", "needle/smollm2-135m"
+
+
+def ruler_claims() -> list[str]:
+    card, needle = scorecard(RULER), scorecard(NEEDLE)
+
+    def cell(metric: str, length: int, press: str, budget: str = "keep 50%") -> dict:
+        return card[metric, f"average @ {length}", "full" if press == "full" else budget, press]
+
+    tova = [-float(cell("score", length, "tova")["full_diff"]) for length in (1024, 2048)]
+    rmm = [float(cell("score", length, "rmm")["mde"]) for length in (1024, 2048)]
+    lost = {
+        (line["press"], line["budget"])
+        for key, line in needle.items()
+        if key[0] == "score" and key[1] == "1024 tokens" and line["full_verdict"] == "loss"
+    }
+    after = [line for key, line in needle.items() if key[0] == "score" and line["full_holm_verdict"] == "loss"]
+    assert lost == {(p, b) for p in ("snapkv", "tova", "rmm", "streaming_llm") for b in ("keep 50%", "keep 25%")} - {
+        ("streaming_llm", "keep 50%")
+    }
+    assert not [line for line in after if line["family"] == "primary"]
+    return [
+        f"the full cache answers {float(cell('score', 1024, 'full')['mean']):.1f} points at 1,024 tokens, and H2O "
+        f"{float(cell('score', 1024, 'h2o')['mean']):.1f} at keep 50%",
+        f"it trails the full cache by {tova[0]:.1f} and {tova[1]:.1f} points",
+        f"(MDE {rmm[0]:.1f} and {rmm[1]:.1f} points)",
+        f"its answer NLL is {float(cell('answer NLL', 1024, 'rmm')['diff']):.3f} nats worse",
+        f"1,024 tokens ({float(needle['score', '1024 tokens', 'full', 'full']['mean']):.1f} points",
+        f"not at 2,048 ({float(needle['score', '2048 tokens', 'full', 'full']['mean']):.1f})",
+    ]
+
+
 def runs_claims() -> list[str]:
     return [runs_table_row(run) for run in RUNS]
 
@@ -385,6 +417,7 @@ def results_claims() -> list[str]:
         + reuse_claims()
         + multiquery_claims()
         + confidence_claims()
+        + ruler_claims()
     )
 
 
