@@ -29,7 +29,7 @@ def all_answers(task: str) -> bool:
 
 def tokenizer_of(config: SingleTurnConfig) -> PreTrainedTokenizerBase:
     """The model's tokenizer, which the examples are generated for."""
-    return AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
+    return AutoTokenizer.from_pretrained(resolve_model_path(config.model.name), trust_remote_code=False)
 
 
 def ruler_examples(config: RulerConfig) -> list[KVPressExample]:
