@@ -120,14 +120,21 @@ def test_allow_import_imports_and_checks_the_class_before_it_is_built(imported):
         resolve_press(f"{MODULE}:Own(0.5)")  # a lookup resolves no import path of its own
 
 
-def test_allow_import_is_read_from_a_config_file_like_any_flag(imported, data, tmp_path, capsys):
+def test_allow_import_is_taken_from_the_command_line_only(imported, data, tmp_path, capsys):
+    """Round 4 (issue 61): consent to run a module's code is never read from a file."""
     config = tmp_path / "run.yaml"
     config.write_text(f"presses: ['{MODULE}:Own']\n")
     argv = [*longbench_argv(data, tmp_path, "--config", str(config)), "--dry-run"]
     assert main(argv) == 2
     assert "pass --allow-import" in one_line_error(capsys)
-    config.write_text(f"presses: ['{MODULE}:Own']\nallow_import: true\n")
-    assert main(argv) == 0
+    for key in ("allow_import", "allow-import"):
+        config.write_text(f"presses: ['{MODULE}:Own']\n{key}: true\n")
+        assert main(argv) == 2
+        assert f"'{key}' is not taken from a file" in one_line_error(capsys)
+        assert main([*argv, "--allow-import"]) == 2  # the file is refused, whatever the command line allows
+        assert "is not taken from a file" in one_line_error(capsys)
+    config.write_text(f"presses: ['{MODULE}:Own']\n")
+    assert main([*argv, "--allow-import"]) == 0
     assert f"a real run imports {MODULE}:Own" in capsys.readouterr().out
     assert not imported.exists()
 
@@ -180,8 +187,8 @@ def test_spec_values_are_checked_by_their_declared_types_in_a_dry_run_and_before
     assert not (tmp_path / "run").exists()
 
 
-def test_strings_stay_as_written_in_the_label_and_the_press():
-    assert canonical('rmm( lag = 4 , correctness = "uni form" )') == 'rmm(lag=4,correctness="uni form")'
+def test_strings_keep_their_text_in_the_label_and_the_press():
+    assert canonical('rmm( lag = 4 , correctness = "uni form" )') == "rmm(lag=4,correctness='uni form')"
     assert canonical("composed([ snapkv , knorm ])  ") == "composed([snapkv,knorm])"
     with pytest.raises(EvaluationError, match="got 'uni form'"):
         make_press(canonical('rmm(correctness="uni form")'))

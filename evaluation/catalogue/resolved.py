@@ -225,8 +225,8 @@ def resolve_presses(
     Raises
     ------
     EvaluationError
-        One line, for a spec that is not a press, an import path not allowed, a press these protocols cannot run, or
-        one whose files do not exist for ``model``.
+        One line, for a spec that is not a press, an import path not allowed, a press these protocols cannot run,
+        one whose files do not exist for ``model``, or two specs that build the same press.
     """
     resolved = []
     for spec in specs:
@@ -240,7 +240,20 @@ def resolve_presses(
         if why:
             raise EvaluationError(f"press spec {press.label!r} needs {press.fetches[0]}: {why}")
         resolved.append(press)
+    refuse_same_press(resolved)
     return resolved
+
+
+def refuse_same_press(presses: list[ResolvedPress]) -> None:
+    """Two names of one press (``knorm`` and ``KnormPress``: one class with the same parameters) are an error: a
+    press is tallied once, under one name."""
+    for index, press in enumerate(presses):
+        for other in presses[:index]:
+            if press.blueprint is not None and other.label != press.label and other.blueprint == press.blueprint:
+                raise EvaluationError(
+                    f"press specs {other.label!r} and {press.label!r} build the same press "
+                    f"({press.blueprint.cls.__name__} with the same parameters): give it once, under one name"
+                )
 
 
 def _declared_refusal(value: object) -> str:

@@ -21,8 +21,9 @@ up, its values checked against the types its classes declare and its presses bui
 (``expected_attention`` is ``adakv(ExpectedAttentionPress(epsilon=1e-2))``, as in KVPress's registry). It takes no
 parameters: write its spec with them.
 
-``full`` (or KVPress's ``no_press``) is the uncompressed cache. The spec, without whitespace outside its string
-literals (a string stays as written), is the press's name in every row, table and scorecard (``canonical``).
+``full`` (or KVPress's ``no_press``) is the uncompressed cache. The spec as it parses, printed again (names
+NFKC-normalised as Python reads them, no whitespace, comments or empty parentheses, each literal as Python writes
+it), is the press's name in every row, table and scorecard (``canonical``): two spellings of one press are one name.
 """
 
 from __future__ import annotations
@@ -123,6 +124,18 @@ def plan_spec(spec: str) -> PressCall:
             f"press spec {spec[:40]!r}...: longer than {MAX_LENGTH} characters; write a shorter one, "
             "or a press class of your own (package.module:Press)"
         )
+    source, imports = with_placeholders(spec)
+    try:
+        tree = ast.parse(source, mode="eval").body
+    except SyntaxError as error:
+        raise EvaluationError(
+            f"press spec {spec!r} is not a call expression such as rmm(lag=64): {error.msg}"
+        ) from error
+    return _plan(tree, Rules(spec, source, imports), 1)
+
+
+def with_placeholders(spec: str) -> tuple[str, dict[str, str]]:
+    """The spec with each import path replaced by a placeholder name Python parses, and the placeholders' paths."""
     imports: dict[str, str] = {}
 
     def placeholder(match: re.Match) -> str:
@@ -131,14 +144,7 @@ def plan_spec(spec: str) -> PressCall:
         imports[f"_import_path_{len(imports)}"] = match.group(2)
         return f"_import_path_{len(imports) - 1}"
 
-    source = TOKENS.sub(placeholder, spec.strip())
-    try:
-        tree = ast.parse(source, mode="eval").body
-    except SyntaxError as error:
-        raise EvaluationError(
-            f"press spec {spec!r} is not a call expression such as rmm(lag=64): {error.msg}"
-        ) from error
-    return _plan(tree, Rules(spec, source, imports), 1)
+    return TOKENS.sub(placeholder, spec.strip()), imports
 
 
 def _plan(node: ast.expr, rules: Rules, depth: int) -> PressCall:
@@ -232,8 +238,49 @@ def import_paths(value: object) -> tuple[str, ...]:
 
 
 def canonical(spec: str) -> str:
-    """The name of a spec in rows and tables: the spec without whitespace outside its string literals (``no_press``
-    is ``full``)."""
-    parts = STRINGS.split(spec)
-    name = "".join(part if index % 2 else re.sub(r"\s+", "", part) for index, part in enumerate(parts))
+    """The name of a spec in rows and tables: the spec as it parses, printed again (``printed``), so that every
+    spelling of one press is one name (``knorm``, ``knorm()``, ``knorm ( )``, its fullwidth spelling, a comment,
+    ``1e-2`` or ``0.01``); ``no_press`` is ``full``. A spec that does not parse keeps its text without whitespace
+    outside its string literals, for its error to quote."""
+    name = printed(spec)
+    name = _unspaced(spec) if name is None else name
     return FULL_CACHE if name == NO_PRESS else name
+
+
+def printed(spec: str) -> str | None:
+    """The spec as Python parses it, printed with no whitespace or comments: names NFKC-normalised (as Python reads
+    them), a call without arguments as its bare name, each literal as Python writes it (``1e-2`` is ``0.01``,
+    ``0x40`` is ``64``, a string in Python's quotes), keywords in the order given; None when it does not parse."""
+    if len(spec) > MAX_LENGTH:
+        return None
+    source, imports = with_placeholders(spec)
+    try:
+        return _printed(ast.parse(source, mode="eval").body, imports)
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+        return None
+
+
+def _printed(node: ast.expr, imports: dict[str, str]) -> str:
+    if isinstance(node, ast.Name):
+        return imports.get(node.id, node.id)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if any(keyword.arg is None for keyword in node.keywords):
+            raise ValueError("** in a spec")
+        items = [_printed(arg, imports) for arg in node.args]
+        items += [f"{keyword.arg}={_printed(keyword.value, imports)}" for keyword in node.keywords]
+        name = _printed(node.func, imports)
+        return f"{name}({','.join(items)})" if items else name
+    if isinstance(node, ast.List):
+        return f"[{','.join(_printed(item, imports) for item in node.elts)}]"
+    if isinstance(node, ast.Tuple):
+        items = [_printed(item, imports) for item in node.elts]
+        return f"({','.join(items)}{',' if len(items) == 1 else ''})"
+    value = ast.literal_eval(node)
+    if _literal_problem(value):
+        raise ValueError(_literal_problem(value))
+    return _unspaced(repr(value))
+
+
+def _unspaced(text: str) -> str:
+    """``text`` without whitespace outside its string literals."""
+    return "".join(part if index % 2 else re.sub(r"\s+", "", part) for index, part in enumerate(STRINGS.split(text)))

@@ -5,7 +5,8 @@ KVPress's evaluation keys are read as ``evaluation.cli.kvpress_keys`` maps them 
 runs as is). Each value goes through its flag's type, range and choices, item by item:
 a scalar where a list goes is a one-element list (a spec string is one spec, whatever it reads like), a list where
 one value goes is refused, a switch takes a real boolean, ``null`` leaves the default. Settings are layered as
-the defaults < the file < the command line: a value the command line gives wins. Each mistake is a one-line
+the defaults < the file < the command line: a value the command line gives wins. Consent is never read from a file:
+``allow_import`` (``--allow-import``, which runs the module a spec imports) is refused there. Each mistake is a one-line
 ``EvaluationError`` naming the file and, for an unknown key, the nearest option.
 """
 
@@ -21,6 +22,9 @@ import yaml
 
 from evaluation.cli.kvpress_keys import ALIASES, translated
 from evaluation.errors import EvaluationError
+
+MAX_CONFIG_BYTES = 1 << 20
+COMMAND_LINE_ONLY = {"allow_import": "importing a press's module runs its code, which only the user may allow"}
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -72,7 +76,14 @@ def given_on_command_line(parser: argparse.ArgumentParser, command: str, argv: l
 def read(path: Path) -> dict:
     """The file's mapping of option names to values: YAML without tags (safe), each key given once."""
     try:
+        if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
+            raise EvaluationError(
+                f"--config {path}: {path.stat().st_size} bytes, over the {MAX_CONFIG_BYTES} a file of option values "
+                "may hold: give a shorter one"
+            )
         values = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}
+    except UnicodeDecodeError as error:
+        raise EvaluationError(f"--config {path}: not UTF-8 (byte {error.start}): save it as UTF-8") from None
     except DuplicateKey as error:
         raise EvaluationError(f"--config {path}: {error}: give each option once") from None
     except (OSError, yaml.YAMLError) as error:
@@ -92,7 +103,8 @@ def file_values(subparser: argparse.ArgumentParser, values: dict, path: Path, co
     """Each option ``values`` sets (by its destination), checked and converted as its flag converts the
     command line's text; options set to null are left out. KVPress's keys are translated first, each note printed
     on one line."""
-    options = {a.dest: a for a in subparser._actions if a.option_strings and a.dest not in ("help", "config")}
+    left_out = ("help", "config", *COMMAND_LINE_ONLY)
+    options = {a.dest: a for a in subparser._actions if a.option_strings and a.dest not in left_out}
     values, notes = translated(values, command, set(options), path)
     for note in notes:
         print(note, file=sys.stderr)
@@ -100,6 +112,11 @@ def file_values(subparser: argparse.ArgumentParser, values: dict, path: Path, co
     converted: dict[str, object] = {}
     for key, value in values.items():
         dest = ALIASES.get(str(key), str(key).replace("-", "_"))
+        if dest in COMMAND_LINE_ONLY:
+            raise EvaluationError(
+                f"--config {path}: {key!r} is not taken from a file ({COMMAND_LINE_ONLY[dest]}): give "
+                f"--{dest.replace('_', '-')} on the command line"
+            )
         if dest not in options:
             raise EvaluationError(f"--config {path}: unknown key {key!r}{nearest(str(key), options)}")
         if dest in keys:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from evaluation.catalogue.specs import canonical
 from evaluation.cli.config_file import with_config
+from evaluation.cli.named_once import named_once
 from evaluation.errors import EvaluationError, refused_write
 from evaluation.protocols.loop import run
-from evaluation.protocols.options import whole
+from evaluation.protocols.options import MAX_RESAMPLES, whole
 from evaluation.protocols.protocol import REFERENCE, Protocol, protocols
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.runs.backends import Backend
@@ -94,6 +95,7 @@ def model_settings(args: argparse.Namespace) -> ModelSettings:
 def run_protocol(args: argparse.Namespace) -> int:
     """A protocol run (or its dry run) from parsed options."""
     protocol: Protocol = args.protocol
+    named_once(args)
     model = model_settings(args)
     if not args.dry_run:  # a dry run plans a GPU machine's run on any machine; a Ray driver plans its workers'
         model.check(here=args.backend == "local")
@@ -130,7 +132,10 @@ def add_scorecard_options(parser: argparse.ArgumentParser) -> None:
         "--reference", default=REFERENCE, help=f"the press every other press is compared with (default {REFERENCE})"
     )
     parser.add_argument(
-        "--resamples", type=whole(1), default=DEFAULT_RESAMPLES, help=f"bootstrap resamples ({DEFAULT_RESAMPLES})"
+        "--resamples",
+        type=whole(1, MAX_RESAMPLES),
+        default=DEFAULT_RESAMPLES,
+        help=f"bootstrap resamples ({DEFAULT_RESAMPLES})",
     )
     parser.add_argument("--seed", type=whole(0), default=DEFAULT_SEED, help=f"bootstrap seed ({DEFAULT_SEED})")
 
@@ -159,6 +164,9 @@ def add_reproduce_options(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="units re-run per run without :K (default 1); where a protocol's unit splits into steps (a streamed "
         "question, a probe, a trace's replay), steps",
+    )
+    parser.add_argument(
+        "--allow-import", action="store_true", help="import the modules the runs' press specs name (runs them)"
     )
 
 

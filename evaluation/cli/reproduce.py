@@ -13,8 +13,8 @@ machine's cores), and each row is compared with the committed row of its key: ev
 measured tolerance (``TOLERANCES``), every other value equal (text byte for byte).
 
 One line per run, ``reproduced`` or ``differs`` (the first difference); exit status 1 when a run differs, 2 for a
-folder it cannot reproduce (no run.json, a protocol or a setting this code no longer has), one line each, before any
-model is loaded.
+folder it cannot reproduce (no run.json, a protocol or a setting this code no longer has, a press that imports a
+module while reproduce's own command line has no ``--allow-import``), one line each, before any model is loaded.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from evaluation.catalogue.specs import FULL_CACHE, canonical, import_paths, plan_spec
 from evaluation.cli.config_file import option_value, subcommand
 from evaluation.cli.main import model_settings, parser_for_every_command
 from evaluation.errors import EvaluationError
@@ -51,7 +52,7 @@ from evaluation.runs.store import ResultStore
 # covers what a run did not record (a run.json from before ``threads``, another machine's kernels).
 TOLERANCE = 1e-6
 TOLERANCES = {"nll": 1e-6, "nll_by_position": 4e-6, "answer_nll": 1e-6}
-NOT_COMPARED = ("output",)  # the settings a reproduction changes: its rows go to a temporary folder
+NOT_COMPARED = ("output", "allow_import")  # its rows go to a temporary folder; consent is its own command line's
 MISSING = object()
 
 
@@ -107,8 +108,10 @@ def requested(text: str, default: int) -> tuple[Path, int]:
     return Path(folder), int(size)
 
 
-def configured(folder: Path, record: dict, output: Path) -> tuple[Protocol, Any]:
-    """The recorded run's protocol and its configuration rebuilt through the protocol's options (into ``output``)."""
+def configured(folder: Path, record: dict, output: Path, allow_import: bool = False) -> tuple[Protocol, Any]:
+    """The recorded run's protocol and its configuration rebuilt through the protocol's options (into ``output``);
+    a press spec's import path is imported only with ``allow_import`` (reproduce's own ``--allow-import``), never
+    because the run recorded it."""
     known = protocols()
     name = record.get("protocol", "")
     if name not in known:
@@ -135,9 +138,24 @@ def configured(folder: Path, record: dict, output: Path) -> tuple[Protocol, Any]
                 f"{folder}/run.json: the recorded {dest} {value!r} is not one this code takes ({error})"
             ) from None
     args.output = output
+    if hasattr(args, "allow_import"):
+        args.allow_import = consented(folder, args.presses, allow_import)
     model = model_settings(args)
     model.check()
     return protocol, protocol.configure(args, model, output)
+
+
+def consented(folder: Path, presses: list[str], allow_import: bool) -> bool:
+    """Whether the rebuilt run imports its presses' import paths: only when they name some and reproduce's own
+    command line allows it; else naming them is an error that says so."""
+    paths = import_paths([plan_spec(spec) for spec in presses if canonical(spec) != FULL_CACHE])
+    if paths and not allow_import:
+        modules = ", ".join(dict.fromkeys(path.partition(":")[0] for path in paths))
+        raise EvaluationError(
+            f"{folder}/run.json: its presses import {', '.join(paths)}, which runs the module {modules}: pass "
+            "--allow-import to reproduce if you trust that code"
+        )
+    return bool(paths)
 
 
 def setting_difference(folder: Path, protocol: Protocol, config: Any, recorded: dict, rebuilt: dict) -> str:
@@ -194,12 +212,12 @@ def sample(
     return chosen
 
 
-def prepare(folder: Path, size: int, output: Path) -> Prepared | str:
+def prepare(folder: Path, size: int, output: Path, allow_import: bool = False) -> Prepared | str:
     """The run folder ready to reproduce, or the line saying that its settings differ already."""
     if not (folder / "run.json").is_file():
         raise EvaluationError(f"{folder}: no run.json here: give a run folder (results/<protocol>/<run>)")
     record = read_record(folder / "run.json")
-    protocol, config = configured(folder, record, output)
+    protocol, config = configured(folder, record, output, allow_import)
     plan = protocol.plan(config)
     rebuilt = json.loads(json.dumps(run_settings(config, plan)))  # as run.json would record it
     differs = setting_difference(folder, protocol, config, record["config"], rebuilt)
@@ -296,7 +314,7 @@ def command(args: argparse.Namespace) -> int:
         for text, output in zip(args.runs, outputs, strict=True):
             try:
                 folder, size = requested(text, args.sample)
-                prepared.append(prepare(folder, size, output))
+                prepared.append(prepare(folder, size, output, args.allow_import))
             except EvaluationError as error:
                 bad.append(f"error: {error}")
         if bad:

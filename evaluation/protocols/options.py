@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+MAX_TOKENS = 1 << 20  # the most tokens a length (a prompt, a history, a text streamed) may ask for
+MAX_NEW_TOKENS = 1 << 16  # the most tokens an answer may be given
+MAX_RESAMPLES = 100_000  # bootstrap resamples: each interval holds this many means per cell
 
-def whole(minimum: int) -> Callable[[str], int]:
+
+def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """A whole number from ``minimum`` to ``maximum`` (None: no bound), checked as the command line is parsed."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -14,6 +20,8 @@ def whole(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{value} is above {maximum}, the most this option takes")
         return value
 
     return parse

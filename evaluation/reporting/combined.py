@@ -28,7 +28,7 @@ from evaluation.reporting.scorecard import (
     with_holm,
     write_scorecard,
 )
-from evaluation.runs.files import SCORECARD_FILES, refuse_links
+from evaluation.runs.files import SCORECARD_FILES, refuse_links, refuse_run_folder
 from evaluation.runs.json_rows import numbered_rows
 from evaluation.runs.record import read_record
 
@@ -221,6 +221,7 @@ def command(args: argparse.Namespace) -> int:
     """``python -m evaluation scorecard``; ``args.benchmarks`` and ``args.pooled``: every protocol's benchmark and
     settings of how its scores are computed, by name."""
     refuse_links(args.output, SCORECARD_FILES)
+    refuse_run_folder(args.output)
     pools, partial = load_runs(args.runs, args.benchmarks, args.pooled)
     write_combined(args.output, pools, args.reference, args.resamples, args.seed, partial)
     print(f"scorecard: {args.output / 'scorecard.md'}")

@@ -1,8 +1,10 @@
 """How the harness writes a file: never through a link, so nothing it writes lands outside its folder.
 
 A file is written whole to a new file beside it and renamed over it (``replaced``, ``write_atomically``), or opened
-to append where the system refuses a link (``append_only``). A folder in which a link, or anything but a file,
-stands where one of the harness's files belongs is refused before anything in it is touched (``refuse_links``).
+to append where the system refuses a link (``append_only``). A folder in which a link (a symbolic link, or a file
+with a second name: a hard link, a ``cp -al`` copy), or anything but a file, stands where one of the harness's files
+belongs is refused before anything in it is touched (``refuse_links``), as is an existing folder that holds files
+but no run of the harness (``refuse_foreign``).
 An ``OSError`` of a write names the file it was writing (``naming``), a full disk included.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import os
+import re
 import secrets
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -22,6 +25,8 @@ from evaluation.errors import EvaluationError
 SCORECARD_FILES = ("scorecard.md", "scorecard.csv", "contrasts.csv", "press_contrasts.csv", "*.png")
 PROGRESS_LOG = "progress.log"  # a run's progress, one timestamped line per step (evaluation.runs.progress)
 RUN_FILES = (".lock", "predictions.jsonl", "*.json", PROGRESS_LOG, *SCORECARD_FILES)
+STAGED = re.compile(r"\..+-[0-9a-f]{12}(\.\w+)?")  # a file ``replaced`` writes before its rename
+LEFT_BEFORE_RECORD = re.compile(r"\.lock|\.run-[0-9a-f]{12}\.json")  # what a run leaves before its run.json
 
 
 def refuse_link(path: Path) -> None:
@@ -33,6 +38,29 @@ def refuse_link(path: Path) -> None:
         )
     if path.exists() and not path.is_file():
         raise EvaluationError(f"{path} is not a file: remove it, or pass another --output")
+    if path.is_file() and path.stat().st_nlink > 1:
+        raise hard_link(path, path.stat().st_nlink)
+
+
+def hard_link(path: Path, links: int) -> EvaluationError:
+    return EvaluationError(
+        f"{path} has {links} names (a hard link, or a copy made with cp -al): a write here would change the other "
+        "file too; copy the folder with cp -a, or pass another --output"
+    )
+
+
+def refuse_foreign(folder: Path, record: str = "run.json") -> None:
+    """An existing folder that holds entries but no ``record`` (and more than a crashed run's lock or staged file)
+    is not a run of this harness: an error, before anything in it is touched."""
+    if not folder.is_dir() or (folder / record).exists():
+        return
+    held = sorted(entry.name for entry in os.scandir(folder) if not LEFT_BEFORE_RECORD.fullmatch(entry.name))
+    if held:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise EvaluationError(
+            f"{folder} is a folder that holds no run of this harness (no {record}; it holds {shown}): pass a new or "
+            "empty folder as --output"
+        )
 
 
 def refuse_links(folder: Path, names: Iterable[str]) -> None:
@@ -47,6 +75,27 @@ def refuse_links(folder: Path, names: Iterable[str]) -> None:
         for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
             if any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in patterns):
                 refuse_link(Path(entry.path))
+
+
+def refuse_run_folder(folder: Path) -> None:
+    """A combined scorecard's ``folder``: a run folder, or one holding other files than a scorecard's, is an error."""
+    if (folder / "run.json").exists() or (folder / "predictions.jsonl").exists():
+        raise EvaluationError(
+            f"{folder} is a run folder, whose scorecard is its run's own: pass another --output for a combined "
+            "scorecard"
+        )
+    if folder.is_dir():
+        others = sorted(
+            entry.name
+            for entry in os.scandir(folder)
+            if not any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in SCORECARD_FILES)
+            and not STAGED.fullmatch(entry.name)
+        )
+        if others:
+            raise EvaluationError(
+                f"{folder} holds files that are not a scorecard's ({', '.join(others[:3])}): pass a new or empty "
+                "folder, or a combined scorecard's, as --output"
+            )
 
 
 @contextmanager
@@ -95,4 +144,8 @@ def append_only(path: Path) -> BinaryIO:
         if error.errno == errno.ELOOP:
             refuse_link(path)
         raise
+    links = os.fstat(descriptor).st_nlink
+    if links > 1:
+        os.close(descriptor)
+        raise hard_link(path, links)
     return os.fdopen(descriptor, "ab")

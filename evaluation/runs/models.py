@@ -133,8 +133,10 @@ def convert_smollm2(target: Path) -> Path:
     gguf_folder = smollm2_gguf_folder()
     # transformers' GGUF conversion draws its bars with tqdm directly, which disable_progress_bar() does not reach
     with nullcontext() if interactive() else redirect_stderr(io.StringIO()):
-        converted = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF)
-        model = AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        converted = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32, trust_remote_code=False
+        )
     tokenizer = fixed_smollm2_tokenizer(converted, converted.chat_template)
     eos_id = tokenizer.convert_tokens_to_ids(SMOLLM2_SPECIAL["eos"])
     bos_id = tokenizer.convert_tokens_to_ids(SMOLLM2_SPECIAL["bos"])
@@ -154,6 +156,55 @@ def convert_smollm2(target: Path) -> Path:
 def context_length(tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig) -> int:
     """The longest sequence a run may build: the tokenizer's limit or the model's positions, whichever is less."""
     return min(tokenizer.model_max_length, config.max_position_embeddings)
+
+
+def json_object(path: Path) -> dict:
+    """A model folder's JSON file as a mapping; {} when it is absent or not one (loading names what is wrong)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def refuse_remote_code(path: str) -> None:
+    """A model folder that transformers could load only by running the folder's own Python (``auto_map`` for a
+    model or tokenizer class it does not have) is an error before anything is read: every load passes
+    ``trust_remote_code=False``, so no prompt asks to run it."""
+    import transformers
+
+    folder = Path(path)
+    if not folder.is_dir():
+        return
+    config, tokenizer = json_object(folder / "config.json"), json_object(folder / "tokenizer_config.json")
+    needs = []
+    if config.get("auto_map") and config.get("model_type") not in transformers.CONFIG_MAPPING:
+        needs.append(f"config.json's model_type {config.get('model_type')!r}")
+    named = str(tokenizer.get("tokenizer_class") or "")
+    if tokenizer.get("auto_map") and named and not hasattr(transformers, named.removesuffix("Fast")):
+        needs.append(f"tokenizer_config.json's tokenizer_class {named!r}")
+    if needs:
+        raise EvaluationError(
+            f"--model {path}: {' and '.join(needs)} exist only as the folder's own Python code (auto_map), which "
+            "this harness never runs: use a model transformers supports itself"
+        )
+
+
+def known_context(name: str) -> int | None:
+    """``context_length`` of ``name`` without loading it: its configuration (``AutoConfig``, no weights) and its
+    tokenizer's ``model_max_length`` (tokenizer_config.json); None when its files are not local or say nothing."""
+    path = local_model(name)
+    if path is None:
+        return SMOLLM2_CONTEXT if name == SMOLLM2_ALIAS else None
+    from transformers import AutoConfig
+
+    try:
+        positions = getattr(AutoConfig.from_pretrained(path, trust_remote_code=False), "max_position_embeddings", None)
+    except Exception:  # an unreadable folder is named when the model loads
+        return None
+    limit = json_object(Path(path) / "tokenizer_config.json").get("model_max_length")
+    known = [value for value in (positions, limit) if isinstance(value, int) and not isinstance(value, bool)]
+    return min(known) if known and min(known) > 0 else None
 
 
 def converted_smollm2() -> Path:
@@ -227,12 +278,17 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(name)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    refuse_remote_code(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     dtype = dtype if isinstance(dtype, torch.dtype) or dtype == "auto" else getattr(torch, dtype)
     # straight onto the device (a 7B model read into host memory first would need ~15 GB of it)
     placement = device_map or ({"": device} if torch.device(device).type != "cpu" else None)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation=attn_implementation, **({"device_map": placement} if placement else {})
+        path,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        trust_remote_code=False,
+        **({"device_map": placement} if placement else {}),
     )
     return model.eval(), tokenizer
 
@@ -292,6 +348,7 @@ class ModelSettings:
             raise EvaluationError("--attn-implementation flash_attention_2 runs on CUDA only: use --device cuda")
         if device.type == "mps" and not torch.backends.mps.is_available():
             raise EvaluationError(f"--device {self.device}: this machine has no MPS device; use --device cpu")
+        refuse_remote_code(self.name)
 
     def load(self) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
         """``load_model`` for a run, in a process whose numerics are fixed first (its ``threads``, deterministic
@@ -299,6 +356,8 @@ class ModelSettings:
         fix_numerics(self.threads)
         try:
             return load_model(self.name, self.attn_implementation, self.device, self.dtype, self.device_map)
+        except EvaluationError:
+            raise
         except OSError as error:
             if refused_write(error) is None:
                 raise self.unloadable(error) from error

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from evaluation.errors import EvaluationError, first_line
-from evaluation.runs.files import RUN_FILES, append_only, refuse_links, write_atomically
+from evaluation.runs.files import RUN_FILES, append_only, refuse_foreign, refuse_links, write_atomically
 
 if TYPE_CHECKING:
     from evaluation.runs.backends import Outcome
@@ -65,9 +65,10 @@ class RunRecord:
     """Owns a run folder for one session: a lock that a crashed run does not leave held (the operating system
     releases it with the process; leaving the ``with`` block releases it too, an interrupted session's included),
     and ``run.json``, written before the first cell and updated when the session ends. A folder holding a run with
-    other results-defining settings (or other data), or a link where one of its files belongs, is refused before
-    anything is touched; ``defaults`` stand for settings an older run.json does not record; ``protocol`` names the
-    protocol or streamed task; ``pooled`` names the settings that runs pooled in one scorecard must share."""
+    other results-defining settings (or other data), a link where one of its files belongs, or a folder holding files
+    but no run, is refused before anything is touched; ``defaults`` stand for settings an older run.json does not
+    record; ``protocol`` names the protocol or streamed task; ``pooled`` names the settings that runs pooled in one
+    scorecard must share."""
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class RunRecord:
     ) -> None:
         self.path = output / "run.json"
         refuse_links(output, RUN_FILES)
+        refuse_foreign(output)
         try:
             output.mkdir(parents=True, exist_ok=True)
             self.lock = append_only(output / ".lock")

@@ -8,6 +8,7 @@ from functools import partial
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.resolved import resolve_presses
+from evaluation.errors import EvaluationError
 from evaluation.metrics.longbench import sample_score
 from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import Example, TaskConfig
@@ -18,16 +19,34 @@ from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
 
 CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
+MIN_PROMPT = 64  # the fewest tokens a truncated prompt keeps: its question and a little of its context
 
 
 def prompt_budget(
-    config: LongBenchConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: TaskConfig
+    config: LongBenchConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str, task: TaskConfig
 ) -> int:
-    """The official truncation length: ``--max-length``, else the model's context less the answer and chat room."""
-    if config.max_length is not None:
-        return config.max_length
+    """The official truncation length: ``--max-length``, else the model's context less the answer and chat room;
+    a context that cannot hold them is an error (``room_refusal``)."""
     context = context_length(tokenizer, model.config)
-    return context - task.max_new_tokens - CHAT_MARGIN
+    refusal = room_refusal(config, context, name, task)
+    if refusal:
+        raise EvaluationError(refusal)
+    return config.max_length if config.max_length is not None else context - task.max_new_tokens - CHAT_MARGIN
+
+
+def room_refusal(config: LongBenchConfig, context: int, name: str, task: TaskConfig) -> str:
+    """Why a model's ``context`` cannot hold task ``name``'s answer, the chat template and its prompt ("" when it
+    can): the prompt is ``--max-length`` tokens, or at least ``MIN_PROMPT``."""
+    prompt = config.max_length if config.max_length is not None else MIN_PROMPT
+    needed = prompt + task.max_new_tokens + CHAT_MARGIN
+    if needed <= context:
+        return ""
+    what = f"--max-length {prompt}" if config.max_length is not None else f"a prompt of at least {MIN_PROMPT}"
+    return (
+        f"--model {config.model.name}: its context of {context} tokens cannot hold {what} plus {name}'s answer "
+        f"length of {task.max_new_tokens} and {CHAT_MARGIN} for the chat template ({needed} tokens): use a model "
+        "with a longer context" + (", or a smaller --max-length" if config.max_length is not None else "")
+    )
 
 
 def case_of(
@@ -61,6 +80,6 @@ def run_example(
     model, tokenizer = loaded
     example: Example = unit.payload
     task_config = task_configs[example.task]
-    length = prompt_budget(config, model, tokenizer, task_config)
+    length = prompt_budget(config, model, tokenizer, example.task, task_config)
     case = case_of(example, task_config, tokenizer, length, config.query_aware)
     run_case(model, tokenizer, store, config, case, cells)

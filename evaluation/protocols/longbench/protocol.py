@@ -11,7 +11,7 @@ from typing_extensions import NotRequired
 from evaluation.catalogue.budgets import budget_of, parse_budgets
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
-from evaluation.protocols.options import fraction, whole
+from evaluation.protocols.options import MAX_NEW_TOKENS, MAX_TOKENS, fraction, whole
 from evaluation.protocols.protocol import LIKELIHOOD, Protocol, register
 from evaluation.protocols.single_turn.row import CellRow
 from evaluation.reporting.conditions import Benchmark, PressContrast
@@ -70,12 +70,12 @@ class LongBench(Protocol[LongBenchConfig]):
         parser.add_argument("--query-aware", action="store_true", help="compress the question with the context")
         parser.add_argument(
             "--max-length",
-            type=whole(16),
+            type=whole(16, MAX_TOKENS),
             help="prompt truncation length (default: the model's context less the task's answer and 64 tokens)",
         )
         parser.add_argument(
             "--max-new-tokens",
-            type=whole(1),
+            type=whole(1, MAX_NEW_TOKENS),
             help="generation cap (default: each task's official answer length; below it, a departure from the "
             "protocol that the plan and the scorecard say); the answer likelihood keeps the official length",
         )

@@ -32,7 +32,7 @@ from evaluation.reporting.overlap import overlap_section
 from evaluation.reporting.scorecard import press_contrast_table, scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
-from evaluation.runs.models import what_loading_fetches
+from evaluation.runs.models import known_context, what_loading_fetches
 from evaluation.runs.record import fingerprint
 
 
@@ -71,6 +71,7 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
     official: dict[str, int] | None = None
     if data_dir is not None:
         task_configs = load_configs(data_dir, config.tasks)
+        check_room(config, task_configs)
         examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
         known = len(examples)
         official = official_lengths(task_configs)
@@ -98,6 +99,17 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
     fetched += [what_loading_fetches(config.model.name), *fetch_notes([press for press, _ in grid], config.model.name)]
     lines += [f"a real run first fetches: {item}" for item in fetched if item] or ["everything it reads is local"]
     return "\n".join(lines)
+
+
+def check_room(config: LongBenchConfig, task_configs: dict[str, TaskConfig]) -> None:
+    """Before any model loads: a model whose context (read from its files) cannot hold a task's answer, the chat
+    template and a prompt is an error naming the numbers; a model whose files are not local is checked when it
+    loads."""
+    context = known_context(config.model.name)
+    for task, task_config in task_configs.items() if context is not None else ():
+        refusal = cells.room_refusal(config, context, task, task_config)
+        if refusal:
+            raise EvaluationError(refusal)
 
 
 def official_lengths(task_configs: dict[str, TaskConfig]) -> dict[str, int]:
@@ -138,6 +150,7 @@ def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
     grid = checked_cells(config)
     data_dir = resolve_data_dir(config.data_dir, config.tasks)
     task_configs = load_configs(data_dir, config.tasks)
+    check_room(config, task_configs)
     examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
     files = [data_dir / f"{task}.jsonl" for task in config.tasks]
     files += [data_dir / "config" / name for name in CONFIG_FILES]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from evaluation.catalogue.budgets import parse_budgets
 from evaluation.catalogue.specs import FULL_CACHE
-from evaluation.protocols.options import whole
+from evaluation.protocols.options import MAX_TOKENS, whole
 from evaluation.protocols.perplexity.config import EXACT, PerplexityConfig
 from evaluation.protocols.protocol import Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark, Metric
@@ -75,7 +75,9 @@ class Perplexity(Protocol[PerplexityConfig]):
             help=f"multi_news:N or locomo:SAMPLE_ID (default {' '.join(DEFAULT_TEXTS)})",
         )
         parser.add_argument("--text-file", nargs="+", default=[], help="your own texts, one per file (UTF-8)")
-        parser.add_argument("--length", type=whole(2), default=1024, help="tokens streamed per text (default 1024)")
+        parser.add_argument(
+            "--length", type=whole(2, MAX_TOKENS), default=1024, help="tokens streamed per text (default 1024)"
+        )
         parser.add_argument(
             "--budgets", nargs="+", type=whole(1), default=DEFAULT_BUDGETS, help="cached tokens held (64 128 256)"
         )

@@ -7,6 +7,7 @@ compress a whole batch to one size, so one batch holds one press at one budget).
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -17,7 +18,7 @@ from transformers import AutoTokenizer
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label
 from evaluation.catalogue.resolved import ResolvedPress, resolve_press, resolve_presses
 from evaluation.catalogue.specs import FULL_CACHE
-from evaluation.errors import EvaluationError
+from evaluation.errors import EvaluationError, PressCannotRun, press_cell
 from evaluation.protocols.perplexity.card import write_perplexity_card
 from evaluation.protocols.perplexity.config import PerplexityConfig
 from evaluation.protocols.perplexity.protocol import POSITION_WINDOW, Perplexity, PerplexityRow
@@ -28,6 +29,8 @@ from evaluation.runs.backends import Unit
 from evaluation.runs.models import resolve_model_path, what_loading_fetches
 from evaluation.runs.record import fingerprint
 from evaluation.runs.store import ResultStore
+
+BYTES_PER_TOKEN = 64  # the most of a --text-file read for each token streamed
 
 
 @dataclass(frozen=True)
@@ -95,13 +98,28 @@ def text_sources(config: PerplexityConfig) -> list[tuple[str, Path]]:
 def text_token_ids(config: PerplexityConfig) -> tuple[list[str], list[list[int]]]:
     """Each text's name and its first ``length`` tokens (the tokenizer's encoding without special tokens); a text
     shorter than that is refused."""
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name), trust_remote_code=False)
     names, token_ids = [], []
     for name, path in text_sources(config):
-        text = path.read_text(encoding="utf-8") if name.startswith("file:") else source_text(name, config.data_root)
+        own = name.startswith("file:")
+        text = text_file(path, config.length) if own else source_text(name, config.data_root)
         names.append(name)
         token_ids.append(text_tokens(tokenizer, text, config.length, name))
     return names, token_ids
+
+
+def text_file(path: Path, length: int) -> str:
+    """The start of a user's text file that ``length`` tokens can come from (at most ``BYTES_PER_TOKEN`` bytes a
+    token: a large file is never read whole), as UTF-8; a file that is not is an error naming it."""
+    limit = length * BYTES_PER_TOKEN
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(limit + 1)
+        return codecs.getincrementaldecoder("utf-8")().decode(data[:limit], final=len(data) <= limit)
+    except UnicodeDecodeError as error:
+        raise EvaluationError(f"--text-file {path}: not UTF-8 (byte {error.start}): save it as UTF-8") from None
+    except OSError as error:
+        raise EvaluationError(f"--text-file {path}: cannot be read ({error.strerror})") from None
 
 
 def dry_run(protocol: Perplexity, config: PerplexityConfig) -> str:
@@ -151,13 +169,18 @@ def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, strea
         "budget_label": budget_label(cell.budget, config.length),
     }
     if cell.refusal:
-        for name in streamed.names:
-            store.append({**common, "text": name, "score": None, "error": cell.refusal})
+        failed(store, common, streamed.names, cell.refusal)
         return
-    press = None
-    if cell.budget is not None:
-        press = decoding_press(base_press(resolve_press(cell.press), config.chunk)[0], int(cell.budget.value))
-    nll = streamed_nll(model, torch.tensor(streamed.token_ids), press, config.chunk).cpu()
+    if cell.budget is None:  # the full cache runs outside the rule: its error stops the run
+        nll = streamed_nll(model, torch.tensor(streamed.token_ids), None, config.chunk).cpu()
+    else:
+        try:
+            with press_cell(cell.press):
+                press = decoding_press(base_press(resolve_press(cell.press), config.chunk)[0], int(cell.budget.value))
+                nll = streamed_nll(model, torch.tensor(streamed.token_ids), press, config.chunk).cpu()
+        except PressCannotRun as error:
+            failed(store, common, streamed.names, str(error))
+            return
     for name, row_nll in zip(streamed.names, nll, strict=True):
         mean = float(row_nll.mean())
         row: PerplexityRow = {
@@ -171,6 +194,12 @@ def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, strea
             "streamed_as": streamed_as.get(cell.press, ""),
         }
         store.append(row)
+
+
+def failed(store: ResultStore, common: dict, names: list[str], reason: str) -> None:
+    """The cell's failed rows, one per text: its identity and the reason."""
+    for name in names:
+        store.append({**common, "text": name, "score": None, "error": reason})
 
 
 def write_scorecard(protocol: Perplexity, config: PerplexityConfig, rows: list[dict]) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from typing_extensions import NotRequired
 
-from evaluation.protocols.options import whole
+from evaluation.protocols.options import MAX_NEW_TOKENS, whole
 from evaluation.protocols.probe.facts import FACTS, MIDDLE, PLACEMENTS, SHUFFLED
 from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
@@ -117,7 +117,9 @@ class Probes(Protocol[ProbeConfig]):
         parser.add_argument(
             "--no-reasoning", action="store_true", help="answer with the colour alone (default: state the chain first)"
         )
-        parser.add_argument("--max-new-tokens", type=whole(1), default=40, help="answer length limit (default 40)")
+        parser.add_argument(
+            "--max-new-tokens", type=whole(1, MAX_NEW_TOKENS), default=40, help="answer length limit (default 40)"
+        )
         parser.add_argument(
             "--gold-positions",
             choices=list(PLACEMENTS),

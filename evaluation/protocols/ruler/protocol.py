@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typing_extensions import NotRequired
 
-from evaluation.protocols.options import whole
+from evaluation.protocols.options import MAX_TOKENS, whole
 from evaluation.protocols.protocol import SAMPLED, register
 from evaluation.protocols.ruler.tasks import CATEGORIES, TASK_NAMES
 from evaluation.protocols.single_turn.config import SingleTurnConfig
@@ -65,7 +65,9 @@ def needle_conditions(row: GeneratedRow) -> list[str]:
 
 def add_grid_options(parser: argparse.ArgumentParser) -> None:
     """The options every generated single-turn protocol shares: lengths, seed, export, then the budget options."""
-    parser.add_argument("--lengths", nargs="+", type=whole(128), default=DEFAULT_LENGTHS, help="prompt lengths, tokens")
+    parser.add_argument(
+        "--lengths", nargs="+", type=whole(128, MAX_TOKENS), default=DEFAULT_LENGTHS, help="prompt lengths, tokens"
+    )
     parser.add_argument("--seed", type=whole(0), default=0, help="generation seed (default 0)")
     parser.add_argument(
         "--export", help="also write the generated examples to FILE.parquet in KVPress's dataset columns"

@@ -24,7 +24,7 @@ def ruler_score(prediction: str, example: KVPressExample) -> float:
 
 def tokenizer_of(config: SingleTurnConfig) -> PreTrainedTokenizerBase:
     """The model's tokenizer, which the examples are generated for."""
-    return AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
+    return AutoTokenizer.from_pretrained(resolve_model_path(config.model.name), trust_remote_code=False)
 
 
 def ruler_examples(config: RulerConfig) -> list[KVPressExample]:

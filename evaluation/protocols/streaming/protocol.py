@@ -12,7 +12,7 @@ from typing import get_type_hints
 from typing_extensions import NotRequired
 
 from evaluation.catalogue.budgets import budget_of, parse_budgets
-from evaluation.protocols.options import whole
+from evaluation.protocols.options import MAX_NEW_TOKENS, MAX_TOKENS, whole
 from evaluation.protocols.protocol import LIKELIHOOD, Protocol, Row, register, scores_settings
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.task import StreamTask
@@ -71,7 +71,7 @@ class Streamed(Protocol[StreamConfig]):
         )
         parser.add_argument(
             "--max-history-tokens",
-            type=whole(16),
+            type=whole(16, MAX_TOKENS),
             help="history limit (default: the model's context less room to answer; larger reads past the context)",
         )
         parser.add_argument(
@@ -83,7 +83,7 @@ class Streamed(Protocol[StreamConfig]):
         )
         parser.add_argument(
             "--max-new-tokens",
-            type=whole(1),
+            type=whole(1, MAX_NEW_TOKENS),
             default=task.max_new_tokens,
             help=f"answer length limit (default {task.max_new_tokens})",
         )

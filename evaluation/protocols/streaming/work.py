@@ -137,8 +137,8 @@ def file_visibility(protocol: Streamed, config: StreamConfig, conversations: lis
     if path is None:
         return f"evidence visibility: needs the tokenizer of {config.model.name}, which is not local"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        context = context_length(tokenizer, AutoConfig.from_pretrained(path))
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        context = context_length(tokenizer, AutoConfig.from_pretrained(path, trust_remote_code=False))
     except Exception as error:  # an unreachable hub id or a folder without a tokenizer: the plan stands without it
         return f"evidence visibility: needs the tokenizer of {config.model.name} ({type(error).__name__})"
     visible = total = 0

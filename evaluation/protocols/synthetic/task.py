@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.errors import EvaluationError
 from evaluation.protocols.locomo.render import header, render_session
-from evaluation.protocols.options import whole
+from evaluation.protocols.options import MAX_TOKENS, whole
 from evaluation.protocols.protocol import SAMPLED
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session
@@ -117,7 +117,7 @@ def add_multiquery_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lengths",
         nargs="+",
-        type=whole(512),
+        type=whole(512, MAX_TOKENS),
         default=[4096],
         help="document tokens (default 4096; a document longer than the model's context needs "
         "--max-history-tokens above it)",

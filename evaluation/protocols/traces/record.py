@@ -130,8 +130,20 @@ def load_or_record(
     return trace
 
 
+CHARS_PER_TOKEN = 8  # the first prefix of a text tokenized, in characters per token asked for
+BOUNDARY_TOKENS = 16  # tokens past the length, so that the prefix's cut changes none of the first ``length``
+
+
 def text_tokens(tokenizer: PreTrainedTokenizerBase, text: str, length: int, spec: str) -> list[int]:
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    """The first ``length`` tokens of ``text`` (no special tokens), encoded from a prefix of ``CHARS_PER_TOKEN``
+    characters a token, grown until it holds ``BOUNDARY_TOKENS`` more than that: a long text is never tokenized
+    whole, and its first ``length`` tokens are the whole text's."""
+    chars = length * CHARS_PER_TOKEN
+    while True:
+        ids = tokenizer.encode(text[:chars], add_special_tokens=False)
+        if len(ids) >= length + BOUNDARY_TOKENS or chars >= len(text):
+            break
+        chars *= 4
     if len(ids) < length:
         raise EvaluationError(f"{spec} has {len(ids)} tokens, fewer than --length {length}: pick a longer text")
     return ids[:length]
