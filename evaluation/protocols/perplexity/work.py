@@ -26,6 +26,7 @@ from evaluation.protocols.protocol import Plan
 from evaluation.protocols.traces.record import source_file, source_text, text_tokens
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import resolve_model_path, what_loading_fetches
+from evaluation.runs.progress import active
 from evaluation.runs.record import fingerprint
 from evaluation.runs.store import ResultStore
 
@@ -157,7 +158,10 @@ def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, strea
     press = None
     if cell.budget is not None:
         press = decoding_press(base_press(resolve_press(cell.press), config.chunk)[0], int(cell.budget.value))
-    nll = streamed_nll(model, torch.tensor(streamed.token_ids), press, config.chunk).cpu()
+    forwards = len(pieces(config.length, config.chunk))
+    desc = f"{unit.name}: streaming {len(streamed.names)} texts"
+    with active().bar(forwards, desc, "forward", step=True) as bar:
+        nll = streamed_nll(model, torch.tensor(streamed.token_ids), press, config.chunk, bar.update).cpu()
     for name, row_nll in zip(streamed.names, nll, strict=True):
         mean = float(row_nll.mean())
         row: PerplexityRow = {
