@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import write_report
+
 ROOT = Path(__file__).resolve().parents[1]
 CONVERT = "from evaluation.runs.models import resolve_model_path; resolve_model_path('smollm2-135m')"
 RUNS = ("make eval-longbench", "make eval-locomo")
@@ -88,14 +90,11 @@ def main() -> int:
         "what": "README's first commands timed on a fresh clone (make setup, the default model's one-time "
         f"conversion{' (already cached)' if args.cache else ''}, then each run), on {os.cpu_count()} CPU cores, "
         f"{'with nothing else running' if quiet else 'NOT quiet: another load ran (see load_average_before)'}",
-        "date": time.strftime("%Y-%m-%d"),
         "cores": os.cpu_count(),
         "shared_data": environment["KVET_SHARED_DATA"],
         **measured,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    print(json.dumps(write_report(args.output, report), indent=2))
     return 0
 
 
