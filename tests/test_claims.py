@@ -446,6 +446,7 @@ def readme_claims() -> list[str]:
         f"trails H2O by {float(rmm['diff']):.3f} nats at keep 50%",
         f"it answers {middle} of 400 probes and no scorer finds them",
         f"loses most of the full cache's {float(full['mean']):.1f}%",
+        f"the offline SmolLM2 wheel: {minutes(bench('first_commands')['setup']['wall_seconds'])}",
         f"10 multi_news examples x 11 cells: {minutes(first['make eval-longbench'])}",
         f"20 LoCoMo questions x 6 cells, streamed: {minutes(first['make eval-locomo'])}",
         f"over {history['questions']} questions of {history['conversation']} ({min(lengths) // 100 * 100:,} to "

@@ -267,7 +267,8 @@ def test_a_run_into_a_log_writes_no_progress_redraws(model_dir, data_dir, tmp_pa
 
 def test_one_data_rule_data_then_the_variable_then_shared_data_then_the_hub(tmp_path, monkeypatch):
     """``--data`` first, then ``$KVET_SHARED_DATA``, then ``shared/data`` inside, then beside the checkout, then
-    the hub (None), for LongBench's folder and LoCoMo's file alike; a variable that holds neither is an error."""
+    the hub (None), for LongBench's folder and LoCoMo's file alike; a variable that holds neither is an error; the
+    checkout's shared data that lacks an asked LongBench task leaves it to the hub."""
     from evaluation.errors import EvaluationError
     from evaluation.protocols.locomo.data import local_path
     from evaluation.protocols.longbench.data import local_data_dir
@@ -283,6 +284,7 @@ def test_one_data_rule_data_then_the_variable_then_shared_data_then_the_hub(tmp_
         (root / "longbench" / "config").mkdir(parents=True)
         for name in ("dataset2prompt.json", "dataset2maxlen.json"):
             (root / "longbench" / "config" / name).write_text("{}")
+        (root / "longbench" / "hotpotqa.jsonl").write_text("")
         (root / "locomo").mkdir()
         (root / "locomo" / "locomo10.json").write_text("[]")
 
@@ -297,6 +299,7 @@ def test_one_data_rule_data_then_the_variable_then_shared_data_then_the_hub(tmp_
         located(None, "longbench")
     monkeypatch.delenv("KVET_SHARED_DATA")
     assert found() == (places["inside"] / "longbench", places["inside"] / "locomo" / "locomo10.json")
+    assert local_data_dir(None, ["trec"]) is None, "a task the checkout's shared data lacks: the hub"
     shutil.rmtree(places["inside"])
     assert found() == (places["beside"] / "longbench", places["beside"] / "locomo" / "locomo10.json")
     shutil.rmtree(places["beside"])

@@ -5,6 +5,7 @@ runs, records its form and refuses what it cannot stream."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -145,6 +146,7 @@ def test_window_presses_and_decoding_presses_are_refused_by_name():
 
 def test_the_protocol_runs_resumes_and_refuses(model_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
     monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("evaluation.runs.progress.EVERY", 0.0)  # a line at every step of every bar
     own = tmp_path / "mine.txt"
     own.write_text("a text of my own, long enough to stream through the tiny model. " * 4)
     output = tmp_path / "ppl"
@@ -169,6 +171,8 @@ def test_the_protocol_runs_resumes_and_refuses(model_dir, tmp_path, monkeypatch,
     card = (output / "scorecard.md").read_text()
     assert "## Perplexity" in card and "ratio to the full cache" in card
     assert (output / "nll_by_position.png").stat().st_size > 0
+    log = (output / "progress.log").read_text()
+    assert re.search(r"tova @ tokens=16: streaming 3 texts: 47/48 forwards, \d+ s, about \d+ s left", log), "in a cell"
     assert main(argv) == 0, "a finished run reruns nothing"
     assert json.loads((output / "run.json").read_text())["sessions"][1]["units_run"] == 0
 

@@ -83,3 +83,37 @@ def test_the_forest_plot_draws_every_compared_press_with_its_interval(tmp_path):
     legend = [text.get_text() for text in forest.legends[0].get_texts()]
     assert legend == ["tova", "rmm", "h2o", "win", "tie", "loss", "too few (under 10 clusters): no verdict"]
     assert [axis.get_ylabel() for axis in forest.axes] == ["condition, budget"] * 2
+
+
+def test_a_press_keeps_its_marker_in_both_pictures_and_the_forest_says_what_colours_mean(tmp_path):
+    presses = ["full", "snapkv", "h2o", "tova"]
+    summary = summarize(frame_for(presses[1:]), "h2o", resamples=200)
+    scores = plot_scores(tmp_path / "scores.png", summary, presses, BUDGETS)
+    forest = plot_forest(tmp_path / "forest.png", summary, "h2o", presses)
+
+    def markers(figure) -> dict[str, str]:
+        return {h.get_label(): h.get_marker() for h in figure.legends[0].legend_handles if h.get_label() in presses}
+
+    assert set(markers(forest)) == {"snapkv", "tova", "h2o"}, "h2o against the full cache"
+    assert markers(forest) == markers(scores) == {"snapkv": "o", "h2o": "s", "tova": "D"}
+    assert "before Holm's correction" in forest.legends[0].get_title().get_text()
+
+
+def test_a_run_without_the_reference_or_the_full_cache_is_compared_with_what_it_holds(tmp_path):
+    from evaluation.reporting.scorecard import write_scorecard
+
+    frame = frame_for(["snapkv", "tova"])
+    summary = summarize(frame[frame["press"] != "full"], "h2o", resamples=200)
+    assert set(summary["verdict"]) - {"win", "tie", "loss"} == {"reference"}
+    write_scorecard(tmp_path, summary, "Run", "A note.", "h2o", ["snapkv", "tova"], BUDGETS)
+    markdown = (tmp_path / "scorecard.md").read_text()
+    assert "This run holds no h2o: every press is compared with snapkv." in markdown
+    assert "## Against snapkv" in markdown and "| LoCoMo later turns | keep 25% | tova |" in markdown
+    assert "## Against the full cache\n\nThis run holds no full cache (add `full` to --presses" in markdown
+
+
+def test_a_forest_with_nothing_to_draw_says_why(tmp_path):
+    frame = frame_for(["h2o"])
+    summary = summarize(frame[frame["press"] != "full"], "h2o", resamples=200)
+    forest = plot_forest(tmp_path / "forest.png", summary, "h2o")
+    assert [t.get_text() for t in forest.texts] == ["nothing to draw: no press ran where h2o or the full cache ran"]

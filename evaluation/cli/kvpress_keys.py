@@ -34,7 +34,7 @@ class Unmapped:
 
 
 UNMAPPED = {
-    "output_dir": Unmapped("./results", "runs go to results/<protocol>/<model> (--output)"),
+    "output_dir": Unmapped("./results", "runs go to scratch/<protocol>/<model> (--output)"),
     "key_channel_compression_ratio": Unmapped(
         None, "the cell's ratio sets ThinKPress's, or its spec: think(key_channel_compression_ratio=0.5)"
     ),

@@ -20,7 +20,7 @@ from evaluation.catalogue.specs import canonical
 from evaluation.cli.config_file import with_config
 from evaluation.cli.named_once import named_once
 from evaluation.errors import EvaluationError, refused_write
-from evaluation.protocols.loop import run
+from evaluation.protocols.loop import output_line, run
 from evaluation.protocols.options import MAX_RESAMPLES, whole
 from evaluation.protocols.protocol import REFERENCE, Protocol, protocols
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -31,6 +31,7 @@ from evaluation.runs.terminal import quiet_libraries
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
+SCRATCH = Path("scratch")  # git-ignored: only the committed make targets write under results/
 INTERRUPTED = "interrupted: every finished cell is saved; run the same command to resume"
 
 
@@ -75,7 +76,7 @@ def add_protocol(subparsers: argparse._SubParsersAction, protocol: Protocol) -> 
         parser.add_argument(
             "--allow-import", action="store_true", help="let press specs import package.module:Class (runs the module)"
         )
-    parser.add_argument("--output", type=Path, help=f"run folder (default results/{protocol.name}/<model>)")
+    parser.add_argument("--output", type=Path, help=f"run folder (default {SCRATCH}/{protocol.name}/<model>)")
     parser.add_argument("--dry-run", action="store_true", help="print the grid and its work, load no model")
     parser.add_argument("--backend", choices=["local", "ray"], default="local", help="local (default) or ray")
     parser.add_argument("--ray-address", help="Ray cluster to join (default: start a local Ray instance)")
@@ -99,11 +100,12 @@ def run_protocol(args: argparse.Namespace) -> int:
     model = model_settings(args)
     if not args.dry_run:  # a dry run plans a GPU machine's run on any machine; a Ray driver plans its workers'
         model.check(here=args.backend == "local")
-    output = args.output or Path("results") / protocol.name / Path(args.model).name
+    output = args.output or SCRATCH / protocol.name / Path(args.model).name
     backend = Backend(args.backend, args.ray_address, args.workers, args.retries)
     config = protocol.configure(args, model, output)
     if args.dry_run:
         print(protocol.dry_run(config))
+        print(output_line(protocol, config))
         return 0
     print(f"scorecard: {run(protocol, config, backend) / 'scorecard.md'}")
     return 0
@@ -127,7 +129,12 @@ class Command:
 
 def add_scorecard_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="run folders holding predictions.jsonl")
-    parser.add_argument("--output", type=Path, default=Path("results") / "scorecard" / "combined", help="folder")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=SCRATCH / "scorecard" / "combined",
+        help=f"folder (default {SCRATCH}/scorecard/combined)",
+    )
     parser.add_argument(
         "--reference", default=REFERENCE, help=f"the press every other press is compared with (default {REFERENCE})"
     )

@@ -3,6 +3,7 @@ and the finish. What differs between protocols is the ``Protocol`` (``evaluation
 
 from __future__ import annotations
 
+import json
 import time
 from functools import partial
 from pathlib import Path
@@ -12,7 +13,7 @@ from evaluation.runs.backends import LOCAL, Backend, run_units
 from evaluation.runs.files import PROGRESS_LOG
 from evaluation.runs.numerics import fix_numerics, numerics_record
 from evaluation.runs.progress import duration, reporting
-from evaluation.runs.record import RunRecord
+from evaluation.runs.record import RunRecord, read_record
 from evaluation.runs.store import ResultStore
 
 
@@ -51,3 +52,24 @@ def plan_line(plan: Plan, store: ResultStore) -> str:
     stored = sum(key in store for unit in plan.units for key in unit.keys)
     summary = plan.summary or f"{len(plan.units)} units, {results} results"
     return f"plan: {summary}" + (f"; {stored} of the {results} results already stored (resumed)" if stored else "")
+
+
+def output_line(protocol: Protocol, config) -> str:
+    """Where a real run of ``config`` writes, as its dry run says it: a new folder, a run it resumes, or one with
+    other results-defining settings (those its configuration holds; the data's are checked when it starts), which a
+    real run refuses."""
+    path = config.output / "run.json"
+    if not path.is_file():
+        return f"output: {config.output} (a new run)"
+    stored = {**protocol.record_defaults(), **read_record(path)["config"]}
+    asked = json.loads(json.dumps({**recorded(config), **config.model.record()}, default=str))
+    changed = [key for key in results_defining(config) if key in asked and stored.get(key) != asked[key]]
+    if changed:
+        return (
+            f"output: {config.output} holds a run with other settings ({', '.join(changed)}): a real run is refused "
+            "there; pass another --output"
+        )
+    return (
+        f"output: {config.output} holds a run of these settings: a real run adds its missing cells and rewrites its "
+        "scorecard"
+    )

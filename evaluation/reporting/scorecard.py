@@ -108,6 +108,23 @@ def baselines(reference: str) -> list[tuple[str, str]]:
     return [("", reference)] + ([("full_", FULL_CACHE)] if reference != FULL_CACHE else [])
 
 
+def held_reference(presses: list[str], reference: str) -> str:
+    """The press a run's scorecard compares with: ``reference`` where the run holds it, else the full cache, else
+    the run's first press (``presses`` in the run's order)."""
+    if reference in presses or not presses:
+        return reference
+    return FULL_CACHE if FULL_CACHE in presses else presses[0]
+
+
+def presses_of(table: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(table["press"]))
+
+
+def absent_name(press: str) -> str:
+    """``press`` as "this run holds no ..." names it."""
+    return "full cache" if press == FULL_CACHE else press
+
+
 def baseline_name(against: str) -> str:
     return "the full cache" if against == FULL_CACHE else against
 
@@ -141,6 +158,7 @@ def summarize(
     pairs), else win, tie (the interval contains 0) or loss in the metric's direction; "reference" for the side
     compared with, "-" with nothing to compare."""
     frame = with_metric(frame)
+    reference = held_reference(presses_of(frame), reference)
     keys = ["metric", "condition", "budget", "press"]
     lines = []
     for (metric, condition, budget, press), group in frame.groupby(keys, sort=False):
@@ -557,9 +575,10 @@ def write_scorecard(
     columns += ["cost_share", "tallied", "family"]
     with replaced(output / "scorecard.csv") as staging:
         summary.reindex(columns=columns).assign(metric=summary["metric"].map(metric_name)).to_csv(staging, index=False)
+    compared_with = held_reference(presses_of(summary), reference)
     presses = list(dict.fromkeys([*(presses or []), *summary["press"]]))  # the asked ones first, then any stored
     budgets = [b for b in dict.fromkeys([*(budgets or []), *summary["budget"]]) if b != FULL_CACHE]
-    lines = [f"# {title}", "", note, "", "![scores](scorecard.png)"]
+    lines = [f"# {title}", "", note, *reference_note(reference, compared_with), "", "![scores](scorecard.png)"]
     if tables is None:
         lines += score_tables(summary, presses, budgets, "##")
     for heading, conditions in (tables or {}).items():
@@ -567,8 +586,8 @@ def write_scorecard(
         ran = [press for press in presses if press in set(chosen["press"])]
         held = [budget for budget in budgets if budget in set(chosen["budget"])]
         lines += ["", f"## {heading}", *score_tables(chosen, ran, held, "###")]
-    lines += families_section(summary, reference, contrasts, press_contrasts)
-    for prefix, against in baselines(reference):
+    lines += families_section(summary, compared_with, contrasts, press_contrasts)
+    for prefix, against in baselines(compared_with):
         lines += comparison_section(summary, prefix, against)
     sections = (
         (contrasts, "contrasts.csv", ["digits", "note", "test"], contrast_section),
@@ -583,7 +602,14 @@ def write_scorecard(
             lines += section(table)
     write_atomically(output / "scorecard.md", "\n".join(lines + (appendix or [])) + "\n")
     plot_scores(output / "scorecard.png", summary, presses, budgets)
-    plot_forest(output / "forest.png", summary, reference)
+    plot_forest(output / "forest.png", summary, compared_with, presses)
+
+
+def reference_note(asked: str, held: str) -> list[str]:
+    """Why the comparisons are against ``held`` where the run holds no ``asked`` reference."""
+    if held == asked:
+        return []
+    return ["", f"This run holds no {absent_name(asked)}: every press is compared with {baseline_name(held)}."]
 
 
 def families_section(
@@ -661,6 +687,8 @@ def comparison_section(summary: pd.DataFrame, prefix: str, against: str) -> list
     one line per comparison with an interval."""
     name, metrics = baseline_name(against), metrics_of(summary)
     lines = ["", f"## Against {name}", ""]
+    if against not in set(summary["press"]):
+        return [*lines, f"This run holds no {absent_name(against)} (add `{against}` to --presses to compare with it)."]
     if prefix == "":
         lines += ["![differences](forest.png)", ""]
     lines += [POWER_NOTE]
@@ -676,7 +704,7 @@ def metric_comparisons(summary: pd.DataFrame, prefix: str, against: str, metric:
     listed = summary[summary[f"{prefix}verdict"].isin(DECIDED) | summary[f"{prefix}diff"].notna()]
     listed = listed[listed[f"{prefix}verdict"] != "reference"]
     if listed.empty:
-        return [other_verdicts(summary, prefix) or "Nothing to compare."]
+        return [other_verdicts(summary, prefix) or f"Nothing to compare: no other press ran where {name} ran."]
     lines = []
     if not counts.empty:
         corrected = wins_ties_losses(summary, prefix, holm=True).reindex(counts.index, fill_value=0)
@@ -768,11 +796,15 @@ def save_figure(figure: Figure, path: Path, dpi: int | None = 110) -> Figure:
     return figure
 
 
-def legend_handles(presses: list[str]) -> list[Line2D]:
-    return [
-        Line2D([], [], marker=MARKERS[i % len(MARKERS)], linestyle="", color="black", label=press)
-        for i, press in enumerate(presses)
-    ]
+def press_markers(presses: list[str]) -> dict[str, str]:
+    """Each press's marker, the same in every picture of a scorecard: by its place among ``presses`` (the run's
+    asked presses first), the full cache left out (drawn as a line)."""
+    compressed = [press for press in dict.fromkeys(presses) if press != FULL_CACHE]
+    return {press: MARKERS[i % len(MARKERS)] for i, press in enumerate(compressed)}
+
+
+def legend_handles(presses: list[str], markers: dict[str, str]) -> list[Line2D]:
+    return [Line2D([], [], marker=markers[press], linestyle="", color="black", label=press) for press in presses]
 
 
 def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: list[str]) -> Figure:
@@ -787,6 +819,7 @@ def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: 
     figure = Figure(figsize=(3.8 * columns + 0.6, 2.9 * rows + 0.35 * legend_rows + 0.4), layout="constrained")
     axes = figure.subplots(rows, columns, squeeze=False)
     colors = {press: f"C{i % 10}" for i, press in enumerate(compressed)}
+    markers = press_markers(presses)
     for axis, (metric, condition) in zip(axes.flat, panels, strict=False):
         chosen = summary[(summary["metric"] == metric) & (summary["condition"] == condition)]
         full = chosen[chosen["press"] == FULL_CACHE]
@@ -801,7 +834,7 @@ def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: 
                 x,
                 line["mean"].to_numpy(),
                 yerr=errors,
-                marker=MARKERS[i % len(MARKERS)],
+                marker=markers[press],
                 color=colors[press],
                 capsize=2,
                 markersize=4,
@@ -816,10 +849,7 @@ def plot_scores(path: Path, summary: pd.DataFrame, presses: list[str], budgets: 
     for axis in list(axes.flat)[len(panels) :]:
         axis.set_visible(False)
     handles = [Line2D([], [], color="black", linestyle="--", label="full cache")] if FULL_CACHE in presses else []
-    handles += [
-        Line2D([], [], marker=MARKERS[i % len(MARKERS)], color=colors[press], label=press)
-        for i, press in enumerate(compressed)
-    ]
+    handles += [Line2D([], [], marker=markers[press], color=colors[press], label=press) for press in compressed]
     figure.legend(handles=handles, loc="outside lower center", ncols=min(4, len(handles)), fontsize=7, frameon=False)
     return save_figure(figure, path)
 
@@ -835,17 +865,20 @@ def wrapped(text: str, width: int = 34) -> str:
     return "\n".join(lines)
 
 
-def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
+def plot_forest(path: Path, summary: pd.DataFrame, reference: str, order: list[str] | None = None) -> Figure:
     """The paper's Figure 3 as a forest plot: a row per (condition, budget), a marker per press (its shape in the
-    legend) at its paired difference with its interval, coloured by verdict, around a zero line. A panel per
-    comparison (against the reference, then against the full cache) and metric, its axis labelled with the metric's
-    unit and direction. Comparisons under ``MIN_PAIRS`` pairs are drawn hollow and grey: an interval, no verdict."""
+    legend, as in the scores' picture: ``press_markers`` of ``order``, the run's presses) at its paired difference
+    with its interval, coloured by its verdict before Holm's correction (the legend says so), around a zero line. A
+    panel per comparison (against the reference, then against the full cache) and metric, its axis labelled with
+    the metric's unit and direction. Comparisons under ``MIN_PAIRS`` pairs are drawn hollow and grey: an interval,
+    no verdict."""
     compared = comparisons(summary, reference)
     if compared.empty:  # still a picture, so that no earlier one is left standing
-        figure = Figure(figsize=(5, 0.8), layout="constrained")
-        figure.text(0.5, 0.5, "nothing to draw: every pair identical or without signal", ha="center")
+        figure = Figure(figsize=(6, 0.8), layout="constrained")
+        figure.text(0.5, 0.5, nothing_drawn(summary, reference), ha="center", wrap=True)
         return save_figure(figure, path)
     presses = list(dict.fromkeys(compared["press"]))
+    markers = press_markers([*(order or []), *summary["press"]])
     groups = list(compared.groupby(["against", "metric"], sort=False))
     heights = [len(group.groupby(["condition", "budget"])) for _, group in groups]
     legend_rows = -(-(len(presses) + 4) // 3)
@@ -854,7 +887,7 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
     )
     axes = figure.subplots(len(heights), 1, squeeze=False, height_ratios=[h + 2 for h in heights])[:, 0]
     for axis, ((against, metric), group) in zip(axes, groups, strict=True):
-        forest_panel(axis, group, presses)
+        forest_panel(axis, group, presses, markers)
         no_verdict = (
             f"; no verdict: every comparison has under {MIN_PAIRS} clusters"
             if (group["verdict"] == TOO_FEW).all()
@@ -884,12 +917,27 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str) -> Figure:
         )
     )
     figure.legend(
-        handles=legend_handles(presses) + verdicts, loc="outside lower center", ncols=3, fontsize=7, frameon=False
+        handles=legend_handles(presses, markers) + verdicts,
+        loc="outside lower center",
+        ncols=3,
+        fontsize=7,
+        frameon=False,
+        title="marker: press; colour: its verdict before Holm's correction (the scorecard gives both)",
+        title_fontsize=7,
     )
     return save_figure(figure, path)
 
 
-def forest_panel(axis: Axes, group: pd.DataFrame, presses: list[str]) -> None:
+def nothing_drawn(summary: pd.DataFrame, reference: str) -> str:
+    """Why a forest has no comparison to draw: what the run's verdicts against its baselines are."""
+    columns = [f"{prefix}verdict" for prefix, _ in baselines(reference)]
+    verdicts = sorted(set(summary[columns].to_numpy().ravel()) - {"reference", "-"})
+    if not verdicts:
+        return f"nothing to draw: no press ran where {baseline_name(reference)} or the full cache ran"
+    return f"nothing to draw: every comparison is {' or '.join(verdicts)} (the scorecard says why)"
+
+
+def forest_panel(axis: Axes, group: pd.DataFrame, presses: list[str], markers: dict[str, str]) -> None:
     """One panel's rows: each press's difference and interval at each (condition, budget)."""
     rows = list(dict.fromkeys(zip(group["condition"], group["budget"], strict=True)))
     spread = 0.7 / max(len(presses), 1)
@@ -904,7 +952,7 @@ def forest_panel(axis: Axes, group: pd.DataFrame, presses: list[str]) -> None:
                 line["diff"],
                 position + (i - (len(presses) - 1) / 2) * spread,
                 xerr=[[max(0.0, line["diff"] - line["diff_low"])], [max(0.0, line["diff_high"] - line["diff"])]],
-                marker=MARKERS[i % len(MARKERS)],
+                marker=markers[press],
                 color=color,
                 markerfacecolor="none" if line["verdict"] == TOO_FEW else color,
                 markersize=4,

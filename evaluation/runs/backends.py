@@ -95,12 +95,15 @@ def run_units(
         progress = active()
         loaded = loaded_model(model)
         seconds = {}
-        with progress.bar(len(todo), "run", "unit") as units:
-            for unit in todo:
-                missing = len(pending(unit, store, incomplete))
-                with progress.bar(missing, unit.name, "cell") as cells, counted(store, cells):
+        missing = {unit.name: len(pending(unit, store, incomplete)) for unit in todo}
+        with progress.bar(sum(missing.values()), "run", "cell") as run:
+            for finished, unit in enumerate(todo):
+                run.set_postfix(units=f"{finished}/{len(todo)}")
+                before = run.done
+                with progress.bar(missing[unit.name], unit.name, "cell") as cells, counted(store, cells, run):
                     seconds[unit.name] = timed(work, loaded, unit, store, incomplete)
-                units.update()
+                run.update(max(before + missing[unit.name] - run.done, 0))  # rows completed in place (amended)
+            run.set_postfix(units=f"{len(todo)}/{len(todo)}")
         return Outcome(len(todo), {}, seconds)
     return run_on_ray(todo, work, model, store, backend, incomplete)
 
@@ -120,9 +123,14 @@ def loaded_model(model: ModelSettings) -> Any:
 
 
 @contextmanager
-def counted(store: ResultStore, bar: Bar) -> Iterator[None]:
-    """Every row ``store`` takes in the block moves ``bar`` on by one."""
-    store.on_append = lambda row: bar.update()
+def counted(store: ResultStore, *bars: Bar) -> Iterator[None]:
+    """Every row ``store`` takes in the block moves each of ``bars`` on by one."""
+
+    def moved(row: dict) -> None:
+        for bar in bars:
+            bar.update()
+
+    store.on_append = moved
     try:
         yield
     finally:

@@ -6,6 +6,11 @@ model load, the plan, each unit, each cell and each decoding step report without
 call. A bar writes a line when it opens (unless it is a step bar), then at most every ``EVERY`` seconds as it moves,
 and when it closes; while a bar is open and nothing has been written for ``SILENCE`` seconds (one long prefill), a
 line says what is still running, so the log is never silent for a minute.
+
+A cell bar's estimate of the time left is its measured cost per cell times the cells left. Cells come in bursts
+(the rows of one batch, stored together once it is computed), so a line waits for its burst to end, and the cost
+is measured from the end of the first burst, which holds the setup (a model's warm-up, a history's first prefill),
+once a later burst has ended; until then over the first burst from the bar's opening.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from evaluation.runs.terminal import interactive
 
 EVERY = 20.0  # seconds between two lines of a moving bar
 SILENCE = 45.0  # seconds without a line before one says what is still running
+BURST = 0.5  # seconds: rows stored closer together than this were computed together (one burst)
+
+Arrival = tuple[float, int]  # when a bar moved, and its count then
 
 
 def duration(seconds: float) -> str:
@@ -37,48 +45,94 @@ def duration(seconds: float) -> str:
     return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
+def seconds_per_thing(started: float, first_end: Arrival | None, last: Arrival | None) -> float | None:
+    """A cell bar's measured cost of one thing: from the end of its first burst (``first_end``) to its ``last``
+    arrival where a later burst has ended, else over the first burst from ``started``; None before any arrival."""
+    if last is None:
+        return None
+    if first_end is not None and last[1] > first_end[1]:
+        return (last[0] - first_end[0]) / (last[1] - first_end[1])
+    return (last[0] - started) / last[1]
+
+
 class Bar:
     """One bar: ``total`` things of one ``unit``, advanced by ``update``; its lines give the count, the time spent
-    and an estimate of the time left (from the mean pace so far)."""
+    and an estimate of the time left (a step bar's from its mean pace after its first step, a cell bar's from its
+    measured cost per cell: ``seconds_per_thing``)."""
 
     def __init__(self, progress: Progress, total: int, desc: str, unit: str, step: bool) -> None:
         self.progress, self.total, self.desc, self.unit, self.step = progress, total, desc, unit, step
         self.done, self.started, self.written = 0, time.monotonic(), time.monotonic()
         self.written_done = -1  # the count its last line gave
         self.paced = self.started  # when the pace starts: a step bar's first step holds its setup (a forward)
+        self.first_end: Arrival | None = None  # the last arrival of the first burst, once a later one came
+        self.last: Arrival | None = None
+        self.pending: threading.Timer | None = None  # a line waiting for its burst to end
+        self.closed = False
+        self.lock = threading.Lock()  # a settled line and the closing one: one of them, once
         self.postfix = ""
         self.terminal = tqdm(total=total, desc=desc, unit=unit, leave=not step, disable=not interactive())
 
     def update(self, n: int = 1) -> None:
+        now = time.monotonic()
         if self.step and not self.done:
-            self.paced = time.monotonic()
+            self.paced = now
+        if self.last is not None and self.first_end is None and now - self.last[0] >= BURST:
+            self.first_end = self.last
         self.done += n
+        self.last = (now, self.done)
         self.terminal.update(n)
-        if time.monotonic() - self.written >= EVERY:
+        if now - self.written < EVERY:
+            return
+        if self.step:
             self.write()
+        else:
+            self.write_after_burst()
+
+    def write_after_burst(self) -> None:
+        if self.pending is None:
+            self.pending = threading.Timer(BURST, self.settled)
+            self.pending.daemon = True
+            self.pending.start()
+
+    def settled(self) -> None:
+        with self.lock:
+            self.pending = None
+            if not self.closed and self.written_done != self.done:
+                self.write()
 
     def set_postfix(self, **values: object) -> None:
         self.terminal.set_postfix(**values)
         self.postfix = ", ".join(f"{key} {value}" for key, value in values.items())
 
+    def seconds_left(self, now: float) -> float | None:
+        if self.done >= self.total:
+            return None
+        if not self.step:
+            each = seconds_per_thing(self.started, self.first_end, self.last)
+            return None if each is None else each * (self.total - self.done)
+        paced = self.done - 1  # a step bar's pace starts after its first step
+        return (now - self.paced) / paced * (self.total - self.done) if paced > 0 else None
+
     def line(self) -> str:
         now = time.monotonic()
-        paced = self.done - 1 if self.step else self.done  # a step bar's pace starts after its first step
-        left = ""
-        if paced > 0 and self.done < self.total:
-            left = f", about {duration((now - self.paced) / paced * (self.total - self.done))} left"
-        elapsed = now - self.started
+        left = self.seconds_left(now)
         extra = f" ({self.postfix})" if self.postfix else ""
-        return f"{self.desc}: {self.done}/{self.total} {self.unit}s{extra}, {duration(elapsed)}{left}"
+        estimate = f", about {duration(left)} left" if left is not None else ""
+        return f"{self.desc}: {self.done}/{self.total} {self.unit}s{extra}, {duration(now - self.started)}{estimate}"
 
     def write(self) -> None:
         self.written, self.written_done = time.monotonic(), self.done
         self.progress.log(self.line())
 
     def close(self) -> None:
-        self.terminal.close()
-        if not self.step and self.written_done != self.done:
-            self.write()
+        with self.lock:
+            self.closed = True
+            if self.pending is not None:
+                self.pending.cancel()
+            self.terminal.close()
+            if not self.step and self.written_done != self.done:
+                self.write()
 
 
 class Progress:

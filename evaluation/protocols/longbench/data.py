@@ -7,6 +7,7 @@ official repository, downloaded once per task into that layout and cached."""
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from string import Formatter
 
 from evaluation.errors import EvaluationError
 from evaluation.metrics.longbench import TASK_METRICS
-from evaluation.runs.data_location import located
+from evaluation.runs.data_location import VARIABLE, located
 from evaluation.runs.files import write_atomically
 from evaluation.runs.json_rows import json_kind, load_json_rows, parse_json, text_list_kind
 from evaluation.runs.models import cache_root
@@ -56,17 +57,22 @@ def resolve_data_dir(data_dir: str | None, tasks: list[str]) -> Path:
 
 
 def local_data_dir(data_dir: str | None, tasks: list[str]) -> Path | None:
-    """The folder a run reads without the network: the one given, else ``longbench/`` of the shared data
-    (``data_location.located``), else the cache when it holds ``tasks`` and the configs; None when a run would
-    download them."""
+    """The folder a run reads without the network: the one given (``--data`` or ``$KVET_SHARED_DATA``), else
+    ``longbench/`` of the checkout's shared data where it holds ``tasks`` and the configs
+    (``data_location.located``), else the cache where it does; None when a run would download them."""
     path = located(data_dir, "longbench")
-    if path is None:
-        target = cache_root() / "data" / "longbench"
-        needed = [target / f"{task}.jsonl" for task in tasks] + [target / "config" / name for name in CONFIG_FILES]
-        return target if all(path.is_file() for path in needed) else None
-    if not (path / "config" / CONFIG_FILES[0]).is_file() or not (path / "config" / CONFIG_FILES[1]).is_file():
-        raise EvaluationError(f"LongBench data dir {path} is missing or incomplete: pass --data {LAYOUT}.")
-    return path
+    if path is not None and (data_dir is not None or os.environ.get(VARIABLE) or holds(path, tasks)):
+        if not all((path / "config" / name).is_file() for name in CONFIG_FILES):
+            raise EvaluationError(f"LongBench data dir {path} is missing or incomplete: pass --data {LAYOUT}.")
+        return path
+    target = cache_root() / "data" / "longbench"
+    return target if holds(target, tasks) else None
+
+
+def holds(folder: Path, tasks: list[str]) -> bool:
+    """Whether ``folder`` holds each of ``tasks`` and the two configs."""
+    needed = [folder / f"{task}.jsonl" for task in tasks] + [folder / "config" / name for name in CONFIG_FILES]
+    return all(path.is_file() for path in needed)
 
 
 def what_a_run_downloads(tasks: list[str]) -> str:

@@ -13,6 +13,7 @@ anything else is refused by name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -101,10 +102,17 @@ def pieces(length: int, chunk: int) -> list[tuple[int, int]]:
 
 
 @torch.no_grad()
-def streamed_nll(model: PreTrainedModel, token_ids: torch.Tensor, press: BasePress | None, chunk: int) -> torch.Tensor:
+def streamed_nll(
+    model: PreTrainedModel,
+    token_ids: torch.Tensor,
+    press: BasePress | None,
+    chunk: int,
+    on_forward: Callable[[], None] = lambda: None,
+) -> torch.Tensor:
     """The negative log-likelihood (nats, float32) of every token after the first of each row of ``token_ids``
     (batch, length), streamed ``chunk`` tokens per forward under ``press`` (None: the full cache): (batch,
-    length - 1). Positions are the tokens' own, whatever the cache holds."""
+    length - 1); ``on_forward`` is called after each forward. Positions are the tokens' own, whatever the cache
+    holds."""
     ids = token_ids.to(model.device)
     batch, length = ids.shape
     cache = DynamicCache()
@@ -117,4 +125,5 @@ def streamed_nll(model: PreTrainedModel, token_ids: torch.Tensor, press: BasePre
             predicted = logits[:, : targets.shape[1]].float()
             nll = torch.nn.functional.cross_entropy(predicted.flatten(0, 1), targets.flatten(), reduction="none")
             scored.append(nll.view(batch, -1))
+            on_forward()
     return torch.cat(scored, dim=1)

@@ -27,6 +27,7 @@ from evaluation.protocols.protocol import Plan
 from evaluation.protocols.traces.record import source_file, source_text, text_tokens
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import resolve_model_path, what_loading_fetches
+from evaluation.runs.progress import active
 from evaluation.runs.record import fingerprint
 from evaluation.runs.store import ResultStore
 
@@ -171,16 +172,20 @@ def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, strea
     if cell.refusal:
         failed(store, common, streamed.names, cell.refusal)
         return
-    if cell.budget is None:  # the full cache runs outside the rule: its error stops the run
-        nll = streamed_nll(model, torch.tensor(streamed.token_ids), None, config.chunk).cpu()
-    else:
-        try:
-            with press_cell(cell.press):
-                press = decoding_press(base_press(resolve_press(cell.press), config.chunk)[0], int(cell.budget.value))
-                nll = streamed_nll(model, torch.tensor(streamed.token_ids), press, config.chunk).cpu()
-        except PressCannotRun as error:
-            failed(store, common, streamed.names, str(error))
-            return
+    forwards = len(pieces(config.length, config.chunk))
+    desc = f"{unit.name}: streaming {len(streamed.names)} texts"
+    token_ids = torch.tensor(streamed.token_ids)
+    with active().bar(forwards, desc, "forward", step=True) as bar:
+        if cell.budget is None:  # the full cache runs outside the rule: its error stops the run
+            nll = streamed_nll(model, token_ids, None, config.chunk, bar.update).cpu()
+        else:
+            try:
+                with press_cell(cell.press):
+                    press = decoding_press(base_press(resolve_press(cell.press), config.chunk)[0], int(cell.budget.value))
+                    nll = streamed_nll(model, token_ids, press, config.chunk, bar.update).cpu()
+            except PressCannotRun as error:
+                failed(store, common, streamed.names, str(error))
+                return
     for name, row_nll in zip(streamed.names, nll, strict=True):
         mean = float(row_nll.mean())
         row: PerplexityRow = {
