@@ -435,9 +435,6 @@ def tokens_per_second(decoding: dict) -> str:
 
 
 def readme_claims() -> list[str]:
-    protocols = bench("protocols")
-    history, decoding = protocols["locomo_history"], protocols["longbench_decoding"]
-    lengths = [q["history_tokens"] for q in history["per_question"]]
     first = {run["command"]: run["wall_seconds"] for run in bench("first_commands")["runs"]}
     middle = sum(r["correct"] for r in rows(MIDDLE) if r["press"] == "h2o" and r["budget"] == "top 4 of 16")
     rmm = scorecard(LB)["answer NLL", "multi_news", "keep 50%", "rmm"]
@@ -449,11 +446,6 @@ def readme_claims() -> list[str]:
         f"the offline SmolLM2 wheel: {minutes(bench('first_commands')['setup']['wall_seconds'])}",
         f"10 multi_news examples x 11 cells: {minutes(first['make eval-longbench'])}",
         f"20 LoCoMo questions x 6 cells, streamed: {minutes(first['make eval-locomo'])}",
-        f"over {history['questions']} questions of {history['conversation']} ({min(lengths) // 100 * 100:,} to "
-        f"{-(-max(lengths) // 100) * 100:,} history tokens): {history['median_incremental_s']:.2f} s against "
-        f"{history['median_naive_s']:.1f} s, median ratio {history['median_ratio']:.3f}",
-        tokens_per_second(decoding),
-        f"measured by the same script, is {decoding['ceiling']['ratio']:.2f}x",
     ]
 
 
