@@ -32,7 +32,10 @@ def test_the_documented_protocol_is_one_module_and_its_registration(model_dir, t
     example_module(tmp_path, monkeypatch)
     assert "echo" in registry.protocols()
     assert main(["echo", "--dry-run"]) == 0
-    assert capsys.readouterr().out.strip() == "echo: 2 presses"
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "echo: 2 presses",
+        "output: scratch/echo/smollm2-135m (a new run)",
+    ]
     output = tmp_path / "run"
     assert main(["echo", "--model", str(model_dir), "--output", str(output)]) == 0
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]

@@ -181,8 +181,8 @@ def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, strea
         else:
             try:
                 with press_cell(cell.press):
-                    streamed_as = base_press(resolve_press(cell.press), config.chunk)[0]
-                    press = decoding_press(streamed_as, int(cell.budget.value))
+                    rule = base_press(resolve_press(cell.press), config.chunk)[0]
+                    press = decoding_press(rule, int(cell.budget.value))
                     nll = streamed_nll(model, token_ids, press, config.chunk, bar.update).cpu()
             except PressCannotRun as error:
                 failed(store, common, streamed.names, str(error))
