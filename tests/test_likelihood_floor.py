@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from evaluation.catalogue.budgets import parse_budgets
@@ -37,6 +38,7 @@ def forwards_and_nlls(model, tokenizer, case, likelihood_only: bool) -> tuple[in
     """The decoder-stack forwards the example's cells took on the shared path, and each cell's answer NLL."""
     grid = [(press, None if press == "full" else budget) for press in PRESSES for budget in parse_budgets([0.5], None)]
     calls = []
+    torch.manual_seed(0)  # the random press's draw
     hook = language_model(model).register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         rows = cells.run_shared(model, tokenizer, Settings(ModelSettings(), likelihood_only), case, grid)
