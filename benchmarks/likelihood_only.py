@@ -73,14 +73,19 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=2048, help="prompt tokens (default 2048)")
     parser.add_argument("--data", type=Path, default=shared_data() / "longbench")
     parser.add_argument("--presses", nargs="+", default=COMMITTED, help="press specs (default the committed grid)")
+    parser.add_argument(
+        "--answer-length", type=int, default=None, help="cut answers and generation to this (a quick check only)"
+    )
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/likelihood_only.json")
     args = parser.parse_args()
     model, tokenizer, config, cells, examples = multi_news_grid(args.presses, args.n, args.data, args.max_length)
+    if args.answer_length is not None:
+        examples = [replace(case, answer_length=args.answer_length) for case in examples]
     rows = [
         example_report(model, tokenizer, config, case, cells, likelihood_first=index % 2 == 0)
         for index, case in enumerate(examples)
     ]
-    report = {"presses": args.presses, "cells": len(cells), "examples": rows}
+    report = {"presses": args.presses, "cells": len(cells), "answer_length": args.answer_length, "examples": rows}
     report["median_ratio"] = statistics.median(row["ratio"] for row in rows)
     write_report(args.output, report)
     print(f"generate-and-likelihood / likelihood-only: {report['median_ratio']:.2f}x (stated, no goal)")
