@@ -10,6 +10,7 @@ TORCH_INDEX ?=
 
 .PHONY: setup test lint eval-longbench eval-locomo eval-longbench-committed eval-locomo-committed \
 	eval-reuse eval-multiquery eval-traces eval-probe eval-memory eval-perplexity eval-ruler eval-ruler-committed \
+	eval-perplexity-2048 eval-longbench-likelihood \
 	scorecard reproduce bench \
 	gpu-data gpu-wheels
 
@@ -98,6 +99,21 @@ eval-perplexity: setup
 	$(PY) -m evaluation perplexity --length 1024 --budgets 64 128 256 \
 		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" --output results/perplexity/smollm2-135m
 
+# Issue 59's grids at the papers' n (docs/perplexity.md, docs/benchmarks.md), not yet run: they write under scratch/
+# until the evidence issue makes them from a clean commit and moves their --output under results/. 24
+# texts of 2,048 tokens (the first 14 multi_news contexts that long and every LoCoMo conversation) streamed batched
+# across presses; LongBench's answer likelihood alone (one prefill and one batched forward per example) at n = 120.
+PERPLEXITY_TEXTS := $(foreach i,0 6 10 13 15 16 19 21 22 24 25 28 29 30,multi_news:$(i)) \
+	$(foreach c,26 30 41 42 43 44 47 48 49 50,locomo:conv-$(c))
+eval-perplexity-2048: setup
+	$(PY) -m evaluation perplexity --length 2048 --budgets 128 256 512 --texts $(PERPLEXITY_TEXTS) \
+		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" knorm --output scratch/perplexity/smollm2-135m-2048
+
+eval-longbench-likelihood: setup
+	$(PY) -m evaluation longbench --tasks multi_news --n 120 --max-length 2048 --likelihood-only \
+		--ratios 0.875 0.75 0.5 0.25 --presses full snapkv streaming_llm h2o tova rmm 'rmm(lag=64)' knorm random \
+		--output scratch/longbench/smollm2-135m-likelihood
+
 # One scorecard across every committed run (results/*/*/ but scorecard and bench): a table per benchmark,
 # bootstrap intervals, and win / tie / loss against H2O.
 RUNS := $(sort $(filter-out results/scorecard/% results/bench/%,$(wildcard results/*/*/)))
@@ -134,6 +150,8 @@ bench: setup
 	$(PY) benchmarks/engine_memory.py
 	$(PY) benchmarks/memory.py
 	$(PY) benchmarks/likelihood.py --n 2 --max-length 2048
+	$(PY) benchmarks/streaming.py
+	$(PY) benchmarks/likelihood_only.py
 
 # The GPU check's data (docs/benchmarks.md): the first 2 multi_news examples over 40,000 bytes (each prompt is cut to
 # 8k, 16k or 32k byte tokens) with the official configs, and LoCoMo's conv-30, copied into gpu_data/ (git-ignored,

@@ -233,14 +233,17 @@ class Transcript(WrapperBound):
         self.predictions = torch.empty(0, 0, dtype=torch.long)
         self.probabilities = torch.empty(0, 0, dtype=torch.float32)  # recorded only when ``confident``
         self.confident = False
+        self.rows: slice | None = None  # the batch rows recorded (None: all)
         # on the host: the positions where every sequence's token and prediction are recorded; None once the host
         # cannot tell (padding, or sequences at different positions): the device is asked then
         self.extent: tuple[Spans, Spans] | None = (Spans(), Spans())
         self._last_host: list[int] | None = None
 
-    def attach(self, model: PreTrainedModel, owner: object, confident: bool = False) -> None:
+    def attach(self, model: PreTrainedModel, owner: object, confident: bool = False, rows: slice | None = None) -> None:
+        """Record what ``model`` runs from now on; ``rows``: the batch rows that are this press's sequences, in a
+        forward whose batch holds others' too (None: every row)."""
         self.detach()
-        self.confident = confident
+        self.confident, self.rows = confident, rows
         stack = language_model(model)
         lm_head = model.get_output_embeddings()
         self.handles = [
@@ -274,6 +277,9 @@ class Transcript(WrapperBound):
         ids = input_ids_of(args, kwargs)
         if ids is None:
             return
+        if self.rows is not None:
+            kwargs = {key: _rows_of(value, self.rows, ids.shape[0]) for key, value in kwargs.items()}
+            ids = ids[self.rows]
         positions = forward_positions(kwargs, ids.shape[1], ids.device).expand(ids.shape[0], -1)
         padding = kwargs.get("attention_mask")
         if padding is not None and padding.ndim == 2 and padding.shape == ids.shape:
@@ -293,6 +299,7 @@ class Transcript(WrapperBound):
 
     def _record_predictions(self, lm_head: nn.Module, output: torch.Tensor) -> None:
         positions = getattr(self, "_last_positions", None)
+        output = output if self.rows is None else output[self.rows]
         if positions is None or positions.shape[1] != output.shape[1]:
             return
         host = self._last_host
@@ -396,6 +403,14 @@ class Transcript(WrapperBound):
         with hooks_suspended(model):
             hidden = language_model(model)(**call, use_cache=False)[0][:, -positions.shape[1] :]
         self._write_predictions(model.get_output_embeddings(), positions, hidden)
+
+
+def _rows_of(value: object, rows: slice, batch: int) -> object:
+    """``value`` at the batch ``rows`` when it is a tensor of two axes or more (not ``cache_position``) with a row
+    per sequence of the batch; else as it is."""
+    if isinstance(value, torch.Tensor) and value.ndim > 1 and value.shape[0] == batch > 1:
+        return value[rows]
+    return value
 
 
 def _write(table: torch.Tensor, positions: torch.Tensor, values: torch.Tensor, size: int | None = None) -> torch.Tensor:

@@ -9,12 +9,14 @@ import re
 
 import pytest
 import torch
+from kvpress import AdaKVPress, KnormPress
 from transformers import DynamicCache
 
 from evaluation.catalogue.resolved import resolve_press
 from evaluation.cli.main import main
+from evaluation.protocols.perplexity.batched import batchable, batched_nll
 from evaluation.protocols.perplexity.stream import base_press, decoding_press, pieces, streamed_nll
-from presses import TOVAPress
+from presses import RMMPress, TOVAPress
 from tests.helpers import SHARED_DATA, tiny_model
 from tests.test_longbench_protocol import model_dir  # noqa: F401
 
@@ -166,8 +168,11 @@ def test_the_protocol_runs_resumes_and_refuses(model_dir, tmp_path, monkeypatch,
         if row["budget"] == "tokens=64":
             assert row["budget_label"].startswith("64 tokens (>=") and abs(row["nll"] - full[row["text"]]) < 1e-5
     assert {r["streamed_as"] for r in rows if r["press"] == "h2o"} == {"rmm(correctness='uniform')"}
+    assert {r["path"] for r in rows if r["press"] != "full" and not r.get("error")} == {"batched"}
+    assert {r["path"] for r in rows if r["press"] == "full"} == {"per-cell"}, "the full cache streams once, alone"
     record = json.loads((output / "run.json").read_text())
     assert record["config"]["form"] == "exact" and record["config"]["chunk"] == 1
+    assert record["config"]["path"] == "batched"
     card = (output / "scorecard.md").read_text()
     assert "## Perplexity" in card and "ratio to the full cache" in card
     assert (output / "nll_by_position.png").stat().st_size > 0
@@ -183,3 +188,64 @@ def test_the_protocol_runs_resumes_and_refuses(model_dir, tmp_path, monkeypatch,
     window = [*argv[:-1], str(tmp_path / "snap"), "--presses", "snapkv"]
     assert main(window) == 2
     assert "--chunk 65" in capsys.readouterr().err
+
+
+def cell_by_cell_and_batched(model, ids, specs: list[str], budget: int, chunk: int):
+    """Each press's NLLs streamed cell by cell (KVPress's ``DecodingPress`` alone, the reference) and in one batch of
+    them all (``batched_nll``), from fresh presses."""
+    reference = [streamed(model, ids, spec, budget, chunk) for spec in specs]
+    presses = [decoding_press(base_press(resolve_press(spec), chunk)[0], budget) for spec in specs]
+    return reference, batched_nll(model, ids, presses, chunk)
+
+
+STREAMED = ["streaming_llm", "tova", "h2o", "rmm", "rmm(lag=4)", "knorm"]
+
+
+@pytest.mark.parametrize(("arch", "chunk"), [("llama", 1), ("qwen2", 5)])
+def test_streaming_batched_across_presses_equals_cell_by_cell(arch, chunk):
+    """Every press the protocol streams (H2O as RMM with uniform weights, RMM teacher-forced with its smoother, a
+    window press in chunks longer than its window), each evicting its own rows of one batch, gives each text the
+    NLLs its cell streamed alone gives (float32, 1e-5)."""
+    model, ids, budget = tiny_model(arch, "sdpa"), token_ids(length=26), 8
+    specs = STREAMED + (["snapkv(window_size=4)"] if chunk > 4 else [])
+    reference, batched = cell_by_cell_and_batched(model, ids, specs, budget, chunk)
+    for spec, alone, together in zip(specs, reference, batched, strict=True):
+        assert together.shape == alone.shape == (2, 25)
+        torch.testing.assert_close(together, alone, atol=1e-5, rtol=0, msg=spec)
+    full = streamed(model, ids, None, chunk=chunk)
+    assert all(not torch.allclose(nll, full, atol=1e-3) for nll in batched), "every press evicts"
+    by_spec = dict(zip(specs, batched, strict=True))
+    assert not torch.allclose(by_spec["rmm"], by_spec["h2o"], atol=1e-4), "RMM's teacher-forced weights are its own"
+
+
+def test_a_batched_stream_is_one_forward_per_token_for_every_press():
+    model, ids, budget = tiny_model("llama", "sdpa"), token_ids(batch=3, length=20), 8
+    presses = [decoding_press(base_press(resolve_press(spec), 1)[0], budget) for spec in ("tova", "rmm", "knorm")]
+    counted = Counted(model)
+    batched_nll(model, ids, presses, 1)
+    assert counted.calls == 20
+    assert all(
+        layer.shape[:3] == (9, 2, min(step + 1, budget)) for step, keys in enumerate(counted.keys) for layer in keys
+    )
+
+
+def test_adakv_and_fused_rmm_stream_one_cell_at_a_time():
+    assert batchable(decoding_press(TOVAPress(), 8)) and batchable(decoding_press(RMMPress(), 8))
+    assert not batchable(decoding_press(AdaKVPress(KnormPress()), 8))
+    assert not batchable(decoding_press(RMMPress(correctness="uniform", fused_attention=True), 8))
+
+
+def test_cells_one_at_a_time_streams_each_cell_alone_with_the_same_nlls(model_dir, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
+    argv = ["perplexity", "--model", str(model_dir), "--texts", "multi_news:0", "--length", "40", "--budgets", "12"]
+    argv += ["--data", str(SHARED_DATA), "--presses", "tova", "rmm(lag=4)", "--output"]
+    rows = {}
+    for path, extra in (("batched", []), ("per-cell", ["--cells-one-at-a-time"])):
+        assert main([*argv, str(tmp_path / path), *extra]) == 0
+        lines = (tmp_path / path / "predictions.jsonl").read_text().splitlines()
+        rows[path] = {row["press"]: row for row in map(json.loads, lines)}
+        assert {row["path"] for row in rows[path].values()} == {path}
+        assert json.loads((tmp_path / path / "run.json").read_text())["config"]["path"] == path
+    for press, row in rows["batched"].items():
+        assert row["nll"] == pytest.approx(rows["per-cell"][press]["nll"], abs=1e-5)
+        assert row["nll_by_position"] == pytest.approx(rows["per-cell"][press]["nll_by_position"], abs=1e-5)

@@ -16,6 +16,11 @@ from evaluation.engine.ragged import RaggedCache
 from tests.helpers import tiny_model
 
 
+def listed(rows: torch.Tensor | slice) -> list[int]:
+    """A group's batch rows as a list, from its index (a slice when they are consecutive)."""
+    return list(range(rows.start, rows.stop)) if isinstance(rows, slice) else rows.tolist()
+
+
 def random_cache(length: int, seed: int, layers: int = 2) -> Compressed:
     generator = torch.Generator().manual_seed(seed)
     cache = DynamicCache()
@@ -33,18 +38,18 @@ def test_a_ragged_cache_appends_after_each_group_grows_past_its_room_and_copies_
     steps = [torch.randn(3, 2, 1, 8), torch.randn(3, 2, 2, 8)]  # the second step outgrows the room
     for step in steps:
         keys, values = ragged.update(step, -step, 1)
-    assert [rows.tolist() for rows in keys.rows] == [[0, 2], [1]], "equal lengths group, wherever they stand"
+    assert [listed(rows) for rows in keys.rows] == [[0, 2], [1]], "equal lengths group, wherever they stand"
     for row, cache in enumerate(caches):
         group = 1 if row == 1 else 0
-        view = keys.tensors[group][keys.rows[group].tolist().index(row)]
+        view = keys.tensors[group][listed(keys.rows[group]).index(row)]
         expected = torch.cat([cache.cache.layers[1].keys[0], *(step[row] for step in steps)], dim=1)
         assert torch.equal(view, expected)
-        assert torch.equal(values.tensors[group][keys.rows[group].tolist().index(row), :, -3:], -expected[:, -3:])
+        assert torch.equal(values.tensors[group][listed(keys.rows[group]).index(row), :, -3:], -expected[:, -3:])
         assert torch.equal(cache.cache.layers[1].keys, originals[row]), "the source caches are not modified"
 
     ragged.keep_rows([1, 2])
     keys, _ = ragged.update(torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8), 1)
-    assert [rows.tolist() for rows in keys.rows] == [[1], [0]]
+    assert [listed(rows) for rows in keys.rows] == [[1], [0]]
     assert [tensor.shape[2] for tensor in keys.tensors] == [9, 13]
     assert torch.equal(keys.tensors[0][0, :, :5], caches[2].cache.layers[1].keys[0])
 

@@ -37,14 +37,14 @@ class Ragged(NamedTuple):
     (indices), a view of shape (rows, num_kv_heads, length, head_dim), and which keys each row may see,
     (rows, num_kv_heads, length) booleans, or None when it sees them all."""
 
-    rows: list[torch.Tensor]
+    rows: list[torch.Tensor | slice]
     tensors: list[torch.Tensor]
     visible: list[torch.Tensor | None]
 
 
 class Group(NamedTuple):
     rows: list[int]  # batch rows, ascending
-    index: torch.Tensor  # the same, on the buffers' device
+    index: torch.Tensor | slice  # the same, as a slice when they are consecutive (a view, no gather), else a tensor
     keys: torch.Tensor  # (rows, num_kv_heads, length + room, head_dim)
     values: torch.Tensor
     visible: torch.Tensor | None  # (rows, num_kv_heads, length + room), or None: every key visible
@@ -69,7 +69,7 @@ class RaggedLayer(CacheLayerMixin):
         self.groups = [
             Group(
                 rows,
-                torch.tensor(rows, dtype=torch.long, device=keys[0].device),
+                row_index(rows, keys[0].device),
                 _with_room([keys[row] for row in rows], room),
                 _with_room([values[row] for row in rows], room),
                 _visible([masks[row] for row in rows], keys[rows[0]], room),
@@ -117,7 +117,7 @@ class RaggedLayer(CacheLayerMixin):
             rows = [renumber[group.rows[i]] for i in local]
             if not local:
                 continue
-            index = torch.tensor(rows, dtype=torch.long, device=group.keys.device)
+            index = row_index(rows, group.keys.device)
             if len(local) == len(group.rows):
                 groups.append(group._replace(rows=rows, index=index))
                 continue
@@ -134,6 +134,14 @@ class RaggedLayer(CacheLayerMixin):
 
     def get_max_cache_shape(self) -> int:
         return -1
+
+
+def row_index(rows: list[int], device: torch.device) -> torch.Tensor | slice:
+    """How a group's batch ``rows`` (ascending) index the batch: a slice when they are consecutive (every group of
+    one sequence), whose views cost no gather, else a tensor on ``device``."""
+    if rows == list(range(rows[0], rows[-1] + 1)):
+        return slice(rows[0], rows[-1] + 1)
+    return torch.tensor(rows, dtype=torch.long, device=device)
 
 
 def _with_room(parts: list[torch.Tensor], room: int) -> torch.Tensor:

@@ -10,6 +10,8 @@ from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED
 from evaluation.runs.models import ModelSettings
 
 EXACT = 1  # --chunk 1: exact per-token eviction
+BATCHED = "batched"  # a row's path: streamed in one batch with the other presses at its budget
+CELL_BY_CELL = "per-cell"  # a row's path: its cell streamed as a batch of its own (the full cache always is)
 
 
 @dataclass
@@ -24,6 +26,12 @@ class PerplexityConfig:
     data_root: Path
     output: Path
     allow_import: bool = False
+    cells_one_at_a_time: bool = False  # stream each press at each budget as a batch of its own (the reference)
+
+    @property
+    def path(self) -> str:
+        """How the cells stream, as run.json records it."""
+        return CELL_BY_CELL if self.cells_one_at_a_time else BATCHED
 
     @property
     def form(self) -> str:

@@ -27,7 +27,9 @@ class PerplexityRow(Row):
     """One text streamed under one press at one budget: ``nll`` (= ``score``) is the mean negative log-likelihood
     per scored token (nats; every token after the first is scored), ``nll_by_position`` its mean over each window
     of ``POSITION_WINDOW`` scored tokens. ``streamed_as`` names what streamed a press whose one-row score is not its
-    rule (H2O). A cell the press cannot hold holds its identity and ``error`` alone."""
+    rule (H2O). ``path``: ``batched`` (streamed in one batch with the other presses at its budget) or ``per-cell``
+    (its cell a batch of its own; equal within float rounding). A cell the press cannot hold holds its identity and
+    ``error`` alone."""
 
     text: str
     tokens: int
@@ -35,6 +37,7 @@ class PerplexityRow(Row):
     nll_by_position: list[float]
     form: str
     streamed_as: str
+    path: str
 
 
 STREAMED_NLL = Metric(
@@ -88,6 +91,12 @@ class Perplexity(Protocol[PerplexityConfig]):
             help="tokens per forward between evictions: 1 (default) evicts after every token (exact); C > 1 every C "
             "tokens (faster; presses that read a window of queries need C at least their window)",
         )
+        parser.add_argument(
+            "--cells-one-at-a-time",
+            action="store_true",
+            help="stream each press at each budget as a batch of its own (the reference path; by default every "
+            "press at a budget streams in one batch, one forward per token for them all)",
+        )
 
     def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> PerplexityConfig:
         return PerplexityConfig(
@@ -101,6 +110,7 @@ class Perplexity(Protocol[PerplexityConfig]):
             data_root=args.data,
             output=output,
             allow_import=args.allow_import,
+            cells_one_at_a_time=args.cells_one_at_a_time,
         )
 
     def options_of(self, settings: dict) -> dict:
@@ -110,6 +120,7 @@ class Perplexity(Protocol[PerplexityConfig]):
             "data": settings.get("data_root"),
             "text_file": settings.get("text_files"),
             "budgets": budgets,
+            "cells_one_at_a_time": settings.get("cells_one_at_a_time", False),
         }
 
     def row_key(self, row: PerplexityRow) -> tuple[str, str, str]:

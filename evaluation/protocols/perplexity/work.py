@@ -1,26 +1,32 @@
-"""The perplexity protocol's work: its settings and texts checked, its plan and dry run, one cell's stream, and its
-scorecard (``evaluation.protocols.perplexity.card``).
+"""The perplexity protocol's work: its settings and texts checked, its plan and dry run, its cells' streams, and
+its scorecard (``evaluation.protocols.perplexity.card``).
 
-A unit is one cell, a press at a budget (or the full cache), over every text at once: the texts are cut to one
-length, so their caches hold the same number of tokens at every step and stream as one batch (KVPress's presses
-compress a whole batch to one size, so one batch holds one press at one budget)."""
+The texts are cut to one length, so their caches hold the same number of tokens at every step and stream as one
+batch. A unit is every press at one budget over every text, streamed in one batch with a block of rows per press
+(``batched``: one forward per token for them all), or the full cache over every text; with
+``--cells-one-at-a-time`` a unit is one cell, a press at a budget, streamed as a batch of its own (the reference:
+KVPress's presses compress a whole batch to one size, so such a batch holds one press at one budget)."""
 
 from __future__ import annotations
 
 import codecs
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
+from kvpress.presses.base_press import BasePress
 from transformers import AutoTokenizer
 
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label
 from evaluation.catalogue.resolved import ResolvedPress, resolve_press, resolve_presses
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError, PressCannotRun, press_cell
+from evaluation.protocols.perplexity.batched import batchable, batched_nll
 from evaluation.protocols.perplexity.card import write_perplexity_card
-from evaluation.protocols.perplexity.config import PerplexityConfig
+from evaluation.protocols.perplexity.config import BATCHED, CELL_BY_CELL, PerplexityConfig
 from evaluation.protocols.perplexity.protocol import POSITION_WINDOW, Perplexity, PerplexityRow
 from evaluation.protocols.perplexity.stream import base_press, decoding_press, pieces, streamed_nll
 from evaluation.protocols.protocol import Plan
@@ -46,9 +52,10 @@ class Cell:
 
 @dataclass(frozen=True)
 class Streamed:
-    """A unit's payload: its cell and the texts' names and token ids (texts, length)."""
+    """A unit's payload: its cells (the full cache, or presses at one budget) and the texts' names and token ids
+    (texts, length)."""
 
-    cell: Cell
+    cells: list[Cell]
     names: list[str]
     token_ids: list[list[int]]
 
@@ -80,6 +87,23 @@ def cells(presses: list[ResolvedPress], budgets: list[Budget]) -> list[Cell]:
         if press.label != FULL_CACHE
         for budget in budgets
     ]
+
+
+def unit_cells(grid: list[Cell], one_at_a_time: bool) -> list[list[Cell]]:
+    """The cells of each unit: the full cache alone, then every press at one budget together (or each cell alone,
+    ``one_at_a_time``)."""
+    if one_at_a_time:
+        return [[cell] for cell in grid]
+    by_budget: dict[str, list[Cell]] = {}
+    for cell in grid:
+        if cell.budget is not None:
+            by_budget.setdefault(budget_key(cell.budget), []).append(cell)
+    return [[cell] for cell in grid if cell.budget is None] + list(by_budget.values())
+
+
+def unit_name(cells: list[Cell]) -> str:
+    budget = budget_key(cells[0].budget)
+    return f"{cells[0].press} @ {budget}" if len(cells) == 1 else f"{len(cells)} presses @ {budget}"
 
 
 def text_sources(config: PerplexityConfig) -> list[tuple[str, Path]]:
@@ -137,22 +161,29 @@ def dry_run(protocol: Perplexity, config: PerplexityConfig) -> str:
             for cell in grid
         ),
         *(f"  {label} streams as {rule}" for label, rule in streamed_as.items()),
-        f"forwards: {len(streamed)} cells x {forwards} = {len(streamed) * forwards}, each a batch of the {texts} texts",
+        forwards_line(unit_cells(streamed, config.cells_one_at_a_time), forwards, texts),
     ]
     fetched = what_loading_fetches(config.model.name)
     return "\n".join([*lines, f"a real run first fetches: {fetched}" if fetched else "everything it reads is local"])
+
+
+def forwards_line(units: list[list[Cell]], forwards: int, texts: int) -> str:
+    """The dry run's count of model forwards: per unit, one per piece, each a batch of its cells x the texts."""
+    rows = ", ".join(str(len(cells) * texts) for cells in units)
+    return f"forwards: {len(units)} streams x {forwards} = {len(units) * forwards}, of batches of {rows} rows"
 
 
 def plan(protocol: Perplexity, config: PerplexityConfig) -> Plan:
     presses, streamed_as = checked_presses(config)
     names, token_ids = text_token_ids(config)
     units = []
-    for cell in cells(presses, config.budgets):
-        keys = frozenset((name, cell.press, budget_key(cell.budget)) for name in names)
-        units.append(Unit(f"{cell.press} @ {budget_key(cell.budget)}", Streamed(cell, names, token_ids), keys))
+    for unit in unit_cells(cells(presses, config.budgets), config.cells_one_at_a_time):
+        keys = frozenset((name, cell.press, budget_key(cell.budget)) for cell in unit for name in names)
+        units.append(Unit(unit_name(unit), Streamed(unit, names, token_ids), keys))
     settings = {
         "data_root": str(config.data_root),
         "form": config.form,
+        "path": config.path,
         "streamed_as": streamed_as,
         "data_fingerprint": fingerprint(*dict.fromkeys(path for _, path in text_sources(config))),
     }
@@ -160,37 +191,86 @@ def plan(protocol: Perplexity, config: PerplexityConfig) -> Plan:
 
 
 def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, streamed_as: dict[str, str]) -> None:
-    """Stream every text of the unit's cell in one batch and append a row per text."""
+    """Stream every text under the unit's cells still missing from ``store``, and append a row per text and cell:
+    a cell its budget refuses, or whose press fails (``press_cell``), as failed rows; the others in one batch
+    (``batched``), but for a press that streams only on its own (``batched.batchable``), a lone cell and the full
+    cache, each a batch of its own. A batch that fails streams its cells one at a time, so that only the failing
+    press's cells fail."""
     model, _ = loaded
     streamed: Streamed = unit.payload
-    cell = streamed.cell
-    common = {
+    todo = [cell for cell in streamed.cells if missing(cell, streamed.names, store)]
+    presses: dict[Cell, BasePress | None] = {}
+    for cell in todo:
+        try:
+            if cell.refusal:
+                raise PressCannotRun(cell.refusal)
+            with nullcontext() if cell.budget is None else press_cell(cell.press):
+                presses[cell] = cell_press(cell, config)
+        except PressCannotRun as error:
+            failed(store, identity(cell, config), streamed.names, str(error))
+    together = [cell for cell, press in presses.items() if press is not None and batchable(press)]
+    together = together if len(together) > 1 else []
+    ids = torch.tensor(streamed.token_ids)
+    forwards = len(pieces(config.length, config.chunk))
+    if together:
+        try:
+            with press_cell(" + ".join(cell.press for cell in together)), streaming(unit, forwards) as step:
+                nlls = batched_nll(model, ids, [presses[cell] for cell in together], config.chunk, step)
+        except PressCannotRun:
+            together = []
+        for cell, nll in zip(together, nlls if together else [], strict=True):
+            append_rows(store, config, streamed_as, cell, streamed.names, nll.cpu(), BATCHED)
+    for cell in (cell for cell in presses if cell not in together):
+        try:
+            with nullcontext() if cell.budget is None else press_cell(cell.press), streaming(unit, forwards) as step:
+                nll = streamed_nll(model, ids, cell_press(cell, config), config.chunk, step).cpu()
+        except PressCannotRun as error:
+            failed(store, identity(cell, config), streamed.names, str(error))
+            continue
+        append_rows(store, config, streamed_as, cell, streamed.names, nll, CELL_BY_CELL)
+
+
+@contextmanager
+def streaming(unit: Unit, forwards: int) -> Iterator[Callable[[], None]]:
+    """A step bar over one stream's ``forwards`` forwards, and its step."""
+    with active().bar(forwards, f"{unit.name}: streaming", "forward", step=True) as bar:
+        yield bar.update
+
+
+def missing(cell: Cell, names: list[str], store: ResultStore) -> bool:
+    return any((name, cell.press, budget_key(cell.budget)) not in store for name in names)
+
+
+def identity(cell: Cell, config: PerplexityConfig) -> dict:
+    """The fields that name a cell's rows."""
+    return {
         "press": cell.press,
         "budget": budget_key(cell.budget),
         "budget_label": budget_label(cell.budget, config.length),
     }
-    if cell.refusal:
-        failed(store, common, streamed.names, cell.refusal)
-        return
-    forwards = len(pieces(config.length, config.chunk))
-    desc = f"{unit.name}: streaming {len(streamed.names)} texts"
-    token_ids = torch.tensor(streamed.token_ids)
-    with active().bar(forwards, desc, "forward", step=True) as bar:
-        if cell.budget is None:  # the full cache runs outside the rule: its error stops the run
-            nll = streamed_nll(model, token_ids, None, config.chunk, bar.update).cpu()
-        else:
-            try:
-                with press_cell(cell.press):
-                    rule = base_press(resolve_press(cell.press), config.chunk)[0]
-                    press = decoding_press(rule, int(cell.budget.value))
-                    nll = streamed_nll(model, token_ids, press, config.chunk, bar.update).cpu()
-            except PressCannotRun as error:
-                failed(store, common, streamed.names, str(error))
-                return
-    for name, row_nll in zip(streamed.names, nll, strict=True):
+
+
+def cell_press(cell: Cell, config: PerplexityConfig) -> BasePress | None:
+    """The ``DecodingPress`` a cell streams under (None: the full cache)."""
+    if cell.budget is None:
+        return None
+    return decoding_press(base_press(resolve_press(cell.press), config.chunk)[0], int(cell.budget.value))
+
+
+def append_rows(
+    store: ResultStore,
+    config: PerplexityConfig,
+    streamed_as: dict[str, str],
+    cell: Cell,
+    names: list[str],
+    nll: torch.Tensor,
+    path: str,
+) -> None:
+    """A row per text of the cell's NLLs ``nll`` (texts, length - 1), streamed on ``path``."""
+    for name, row_nll in zip(names, nll, strict=True):
         mean = float(row_nll.mean())
         row: PerplexityRow = {
-            **common,
+            **identity(cell, config),
             "text": name,
             "tokens": config.length,
             "nll": mean,
@@ -198,6 +278,7 @@ def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, strea
             "nll_by_position": [float(w.mean()) for w in row_nll.split(POSITION_WINDOW)],
             "form": config.form,
             "streamed_as": streamed_as.get(cell.press, ""),
+            "path": path,
         }
         store.append(row)
 
