@@ -97,7 +97,7 @@ eval-memory: setup
 # Perplexity of 8 texts (1,024 tokens) streamed with each press holding 64, 128, 256 tokens, exact per-token eviction.
 eval-perplexity: setup
 	$(PY) -m evaluation perplexity --length 1024 --budgets 64 128 256 \
-		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" --output results/perplexity/smollm2-135m
+		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" --cells-one-at-a-time --output results/perplexity/smollm2-135m
 
 # Issue 59's grids at the papers' n (docs/perplexity.md, docs/benchmarks.md), not yet run: they write under scratch/
 # until the evidence issue makes them from a clean commit and moves their --output under results/. 24

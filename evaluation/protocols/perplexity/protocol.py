@@ -120,7 +120,7 @@ class Perplexity(Protocol[PerplexityConfig]):
             "data": settings.get("data_root"),
             "text_file": settings.get("text_files"),
             "budgets": budgets,
-            "cells_one_at_a_time": settings.get("cells_one_at_a_time", False),
+            "cells_one_at_a_time": settings.get("cells_one_at_a_time", True),  # a run from before batching: per cell
         }
 
     def row_key(self, row: PerplexityRow) -> tuple[str, str, str]:
