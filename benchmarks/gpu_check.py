@@ -81,7 +81,7 @@ class Scale:
 
 SCALES = {
     "7b": Scale(28, 3584, 18944, 128, 8192, 16384, 32768, 34816, 120, 3),
-    "tiny": Scale(2, 224, 256, 8, 512, 512, 1024, 8192, 120, 1),
+    "tiny": Scale(2, 224, 256, 8, 512, 512, 1024, 34816, 120, 1),  # its context holds the refused phase's prompt
 }
 REFUSED_LENGTH = 32768  # eager H2O's weights at this length fit neither an H200 (bf16) nor a CPU (float32)
 

@@ -177,7 +177,8 @@ def test_the_protocol_runs_resumes_and_refuses(model_dir, tmp_path, monkeypatch,
     assert "## Perplexity" in card and "ratio to the full cache" in card
     assert (output / "nll_by_position.png").stat().st_size > 0
     log = (output / "progress.log").read_text()
-    assert re.search(r"tova @ tokens=16: streaming 3 texts: 47/48 forwards, \d+ s, about \d+ s left", log), "in a cell"
+    streaming = r"\d presses @ tokens=16: streaming 3 texts: 47/48 forwards, \d+ s, about \d+ s left"
+    assert re.search(streaming, log), "progress inside a stream"
     assert main(argv) == 0, "a finished run reruns nothing"
     assert json.loads((output / "run.json").read_text())["sessions"][1]["units_run"] == 0
 

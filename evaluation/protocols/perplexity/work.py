@@ -214,15 +214,16 @@ def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, strea
     forwards = len(pieces(config.length, config.chunk))
     if together:
         try:
-            with press_cell(" + ".join(cell.press for cell in together)), streaming(unit, forwards) as step:
+            with press_cell(" + ".join(cell.press for cell in together)), streaming(unit, forwards, ids) as step:
                 nlls = batched_nll(model, ids, [presses[cell] for cell in together], config.chunk, step)
         except PressCannotRun:
             together = []
         for cell, nll in zip(together, nlls if together else [], strict=True):
             append_rows(store, config, streamed_as, cell, streamed.names, nll.cpu(), BATCHED)
     for cell in (cell for cell in presses if cell not in together):
+        rule = nullcontext() if cell.budget is None else press_cell(cell.press)
         try:
-            with nullcontext() if cell.budget is None else press_cell(cell.press), streaming(unit, forwards) as step:
+            with rule, streaming(unit, forwards, ids) as step:
                 nll = streamed_nll(model, ids, cell_press(cell, config), config.chunk, step).cpu()
         except PressCannotRun as error:
             failed(store, identity(cell, config), streamed.names, str(error))
@@ -231,9 +232,9 @@ def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, strea
 
 
 @contextmanager
-def streaming(unit: Unit, forwards: int) -> Iterator[Callable[[], None]]:
-    """A step bar over one stream's ``forwards`` forwards, and its step."""
-    with active().bar(forwards, f"{unit.name}: streaming", "forward", step=True) as bar:
+def streaming(unit: Unit, forwards: int, ids: torch.Tensor) -> Iterator[Callable[[], None]]:
+    """A step bar over one stream of the texts ``ids`` in ``forwards`` forwards, and its step."""
+    with active().bar(forwards, f"{unit.name}: streaming {ids.shape[0]} texts", "forward", step=True) as bar:
         yield bar.update
 
 
