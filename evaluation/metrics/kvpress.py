@@ -14,21 +14,26 @@ import string
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from evaluation.errors import EvaluationError
 from evaluation.metrics import longbench, ruler
 from evaluation.metrics.f1 import token_f1
 
-if TYPE_CHECKING:
-    from evaluation.protocols.kvpress.columns import KVPressExample
+
+class Example(Protocol):
+    """What a rule reads of an example in KVPress's columns: its task and its gold answers."""
+
+    task: str
+    answers: Sequence[str]
+
 
 Rule = Callable[..., float]
 
 # --- RULER ---------------------------------------------------------------------------------------------------------
 
 
-def string_match(prediction: str, example: KVPressExample) -> float:
+def string_match(prediction: str, example: Example) -> float:
     """RULER's rule (``evaluation.metrics.ruler``), in [0, 1]: ``string_match_part`` for the qa tasks (the task's
     name up to its first "_"), ``string_match_all`` for every other task."""
     metric = "string_match_part" if example.task.split("_")[0] == "qa" else "string_match_all"
@@ -129,7 +134,7 @@ def loogle_refused(metric: str) -> float:
     raise EvaluationError(f"LooGLE's {metric} needs {LOOGLE_REFUSED[metric]}: it is not computed here")
 
 
-def loogle(prediction: str, example: KVPressExample) -> float:
+def loogle(prediction: str, example: Example) -> float:
     """LooGLE, in [0, 1]: for the cloze task the fraction of masks named exactly (KVPress's aggregate is
     ``cloze_aggregate``); for QA and summaries the ROUGE-L recall against the gold answer (KVPress reports every
     metric of ``loogle_text_metrics``, each the mean over the task's examples)."""
@@ -142,7 +147,7 @@ def loogle(prediction: str, example: KVPressExample) -> float:
 # --- ZeroSCROLLS ---------------------------------------------------------------------------------------------------
 
 
-def hidden_answers(prediction: str, example: KVPressExample) -> float:
+def hidden_answers(prediction: str, example: Example) -> float:
     """ZeroSCROLLS: refused; its test answers are hidden and KVPress's scorer returns no metric."""
     raise EvaluationError(
         "ZeroSCROLLS' test answers are hidden (KVPress's scorer returns no metric): submit the predictions to the "
@@ -266,7 +271,7 @@ INFINITEBENCH_RULES: dict[str, Callable[[str, Sequence[str]], float]] = {
 }
 
 
-def infinitebench(prediction: str, example: KVPressExample) -> float:
+def infinitebench(prediction: str, example: Example) -> float:
     """InfiniteBench's rule of the example's task, in [0, 1]; a task's score is the mean. KVPress scores a whole
     file by its first row's task; here each example by its own. The five tasks KVPress's scorer cannot score on
     its hub data are refused in one line."""
@@ -298,14 +303,14 @@ def longbench_sample(task: str, prediction: str, answers: Sequence[str], all_cla
     return longbench.sample_score(task, prediction, answers, all_classes)
 
 
-def longbench_rule(prediction: str, example: KVPressExample, *, all_classes: Sequence[str] | None = None) -> float:
+def longbench_rule(prediction: str, example: Example, *, all_classes: Sequence[str] | None = None) -> float:
     """LongBench as KVPress scores it, in [0, 1]: the official metric of the task on the prediction with its leading
     whitespace stripped (KVPress strips it, spaces included, before the first line is taken); a task's score is
     100 x the mean, to 2 decimals."""
     return longbench_sample(example.task, prediction.lstrip(), example.answers, all_classes)
 
 
-def longbench_e(prediction: str, example: KVPressExample, *, all_classes: Sequence[str] | None = None) -> float:
+def longbench_e(prediction: str, example: Example, *, all_classes: Sequence[str] | None = None) -> float:
     """LongBench-E as KVPress scores it, in [0, 1]: the official metric of the task (its name without "-e") on the
     prediction as it is; KVPress reports 100 x the mean per length bucket, see ``length_buckets``."""
     return longbench_sample(example.task.removesuffix("-e"), prediction, example.answers, all_classes)
@@ -330,7 +335,7 @@ def length_buckets(scores: Sequence[float], lengths: Sequence[int]) -> dict[str,
 # --- LongBench-v2 --------------------------------------------------------------------------------------------------
 
 
-def multiple_choice(prediction: str, example: KVPressExample) -> float:
+def multiple_choice(prediction: str, example: Example) -> float:
     """LongBench-v2, 0 or 1: with the "*" removed, the prediction contains "The correct answer is (X)" or
     "The correct answer is X" for the gold letter X. KVPress reports the mean, and the mean per difficulty and per
     length (hub columns this example does not carry)."""
@@ -355,7 +360,7 @@ def needle_rouge_scores(prediction: str, needle: str) -> dict[str, dict[str, flo
     return Rouge().get_scores(needle.strip(), prediction.strip())[0]
 
 
-def needle_rouge(prediction: str, example: KVPressExample) -> float:
+def needle_rouge(prediction: str, example: Example) -> float:
     """Needle in a haystack, in [0, 1]: the ROUGE-1 F of ``needle_rouge_scores`` (F does not depend on the
     argument order). KVPress reports every value per row and no aggregate; it raises on a prediction with no word
     (empty, or punctuation alone: the ``rouge`` package finds nothing to compare), which scores 0 here."""
@@ -384,13 +389,13 @@ def answered(prediction: str) -> bool:
     return "boxed{" in prediction
 
 
-def boxed_last(prediction: str, example: KVPressExample) -> float:
+def boxed_last(prediction: str, example: Example) -> float:
     """AIME25, 0 or 1: ``last_boxed`` equals the gold answer's text exactly (no normalisation; a nested brace cuts
     the extraction). The accuracy is the mean."""
     return float(last_boxed(prediction) in example.answers)
 
 
-def boxed_first(prediction: str, example: KVPressExample) -> float:
+def boxed_first(prediction: str, example: Example) -> float:
     """MATH-500, 0 or 1: ``first_boxed`` equals the gold answer's text exactly (no normalisation; a nested brace,
     as in \\frac{1}{2}, cuts the extraction, so such answers never match). The accuracy is the mean."""
     return float(first_boxed(prediction) in example.answers)
@@ -425,7 +430,7 @@ SCALE: dict[str, float] = {
 }
 
 
-def score(rule: str, prediction: str, example: KVPressExample, *, all_classes: Sequence[str] | None = None) -> float:
+def score(rule: str, prediction: str, example: Example, *, all_classes: Sequence[str] | None = None) -> float:
     """The example's score in [0, 1] by the rule named ``rule`` (``RULES``); KVPress reports a mean of these times
     ``SCALE[rule]`` (per task where it groups by task). ``all_classes`` is LongBench's class list (trec)."""
     if rule in CLASS_RULES:
