@@ -20,7 +20,6 @@ from evaluation.reporting.scorecard import scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.record import fingerprint
 
-BUDGET_OPTIONS = "--ratios or --budgets"
 NEEDLE = "needle_in_haystack"
 GOLD: dict[str, Gold] = {"ruler": ruler_gold}  # a dataset whose likelihood is not its first answer's
 
@@ -53,13 +52,13 @@ def dry_run(protocol: KVPressDatasets, config: KVPressConfig) -> str:
         examples = config.n or 0
         source = f"the hub's {dataset.hub_id}"
     head = f"KVPress dataset {dataset.name} from {source}"
-    lines = dry_run_lines(config, head, examples, BUDGET_OPTIONS)
+    lines = dry_run_lines(config, head, examples)
     return lines if config.data else f"{lines}\na real run first fetches: {offline_hint(dataset.name)}"
 
 
 def plan(protocol: KVPressDatasets, config: KVPressConfig) -> Plan:
     dataset = kvpress_dataset(config.dataset)
-    cells = checked_cells(config, BUDGET_OPTIONS)
+    cells = checked_cells(config)
     examples = examples_of(config)
     settings = {"source": config.data or dataset.hub_id}
     if config.data:

@@ -9,7 +9,7 @@ from evaluation.protocols.kvpress.datasets import score_example
 from evaluation.protocols.protocol import Plan
 from evaluation.protocols.ruler.card import write_needle_scorecard
 from evaluation.protocols.ruler.needle import needle_examples
-from evaluation.protocols.ruler.protocol import BUDGET_OPTIONS, Needle, NeedleConfig
+from evaluation.protocols.ruler.protocol import Needle, NeedleConfig
 from evaluation.protocols.ruler.work import tokenizer_of
 from evaluation.protocols.single_turn.examples import (
     checked_cells,
@@ -36,12 +36,12 @@ def checked_depths(config: NeedleConfig) -> None:
 def dry_run(protocol: Needle, config: NeedleConfig) -> str:
     checked_depths(config)
     head = f"Needle in a haystack at {', '.join(map(str, config.lengths))} tokens x depths {config.depths}%"
-    return dry_run_lines(config, head, len(config.lengths) * len(config.depths), BUDGET_OPTIONS)
+    return dry_run_lines(config, head, len(config.lengths) * len(config.depths))
 
 
 def plan(protocol: Needle, config: NeedleConfig) -> Plan:
     checked_depths(config)
-    cells = checked_cells(config, BUDGET_OPTIONS)
+    cells = checked_cells(config)
     examples = needle_examples(tokenizer_of(config), config.lengths, config.depths, config.seed)
     return plan_examples(config, exported(examples, config.export), cells, needle_score, first_answer, {})
 

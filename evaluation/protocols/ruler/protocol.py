@@ -23,7 +23,6 @@ CATEGORY = {task: category for category, tasks in CATEGORIES.items() for task in
 DEFAULT_LENGTHS = [1024, 2048, 4096]
 DEFAULT_DEPTHS = [0, 25, 50, 75, 100]
 AVERAGE = "average"
-BUDGET_OPTIONS = "--ratios or --budgets"
 
 
 class GeneratedRow(CellRow):

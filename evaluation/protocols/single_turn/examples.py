@@ -24,15 +24,16 @@ from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length, what_loading_fetches
 from evaluation.runs.store import ResultStore
 
+BUDGET_OPTIONS = "--ratios or --budgets"  # the budget options of every single-turn protocol (add_budget_options)
 Scorer = Callable[..., float]  # scorer(prediction, example=...): a prediction's score by its benchmark's rule
 
 
-def checked_cells(config: SingleTurnConfig, budget_options: str, dry_run: bool = False) -> list[Cell]:
+def checked_cells(config: SingleTurnConfig, dry_run: bool = False) -> list[Cell]:
     """The settings checked before any data: the grid's cells (a dry run imports no press)."""
     presses = resolve_presses(config.presses, config.allow_import, dry_run, config.model.name)
     if config.path not in PATHS:
         raise EvaluationError(f"unknown path {config.path!r}; choose one of {', '.join(PATHS)}")
-    return press_cells(presses, config.budgets, budget_options)
+    return press_cells(presses, config.budgets, BUDGET_OPTIONS)
 
 
 Gold = Callable[[KVPressExample], str]  # the answer text whose likelihood a cell scores
@@ -141,9 +142,9 @@ def exported(examples: list[KVPressExample], path: str | None) -> list[KVPressEx
     return examples
 
 
-def dry_run_lines(config: SingleTurnConfig, head: str, examples: int, budget_options: str) -> str:
+def dry_run_lines(config: SingleTurnConfig, head: str, examples: int) -> str:
     """A dry run of ``examples`` over the grid: the cells and what a real run fetches first."""
-    cells = checked_cells(config, budget_options, dry_run=True)
+    cells = checked_cells(config, dry_run=True)
     lines = [
         f"{head}: {examples} examples x {len(cells)} cells = {examples * len(cells)} cells, model {config.model.label}",
         *(f"  {press} @ {budget_label(budget)}" for press, budget in cells),
