@@ -100,11 +100,12 @@ eval-perplexity: setup
 		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" --cells-one-at-a-time --output results/perplexity/smollm2-135m
 
 # Issue 59's grids at the papers' n (docs/perplexity.md, docs/benchmarks.md), not yet run: they write under scratch/
-# until the evidence issue makes them from a clean commit and moves their --output under results/. 24
-# texts of 2,048 tokens (the first 14 multi_news contexts that long and every LoCoMo conversation) streamed batched
-# across presses; LongBench's answer likelihood alone (one prefill and one batched forward per example) at n = 120.
-PERPLEXITY_TEXTS := $(foreach i,0 6 10 13 15 16 19 21 22 24 25 28 29 30,multi_news:$(i)) \
-	$(foreach c,26 30 41 42 43 44 47 48 49 50,locomo:conv-$(c))
+# until the evidence issue makes them from a clean commit and moves their --output under results/. 24 texts of
+# 2,048 tokens (the first 12 multi_news contexts that long, and 12 parts of Paul Graham's essays 8 parts apart, the
+# long-prose stand-in for PG-19) streamed batched across presses; LongBench's answer likelihood alone (one prefill and
+# one batched forward per example) at n = 120.
+PERPLEXITY_TEXTS := $(foreach i,0 6 10 13 15 16 19 21 22 24 25 28,multi_news:$(i)) \
+	$(foreach i,0 8 16 24 32 40 48 56 64 72 80 88,essays:$(i))
 eval-perplexity-2048: setup
 	$(PY) -m evaluation perplexity --length 2048 --budgets 128 256 512 --texts $(PERPLEXITY_TEXTS) \
 		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" knorm --output scratch/perplexity/smollm2-135m-2048

@@ -28,7 +28,7 @@ PRESSES = ["streaming_llm", "tova", "h2o", "rmm", "rmm(lag=64)", "knorm"]
 
 def texts(tokenizer, count: int, length: int, data: Path) -> torch.Tensor:
     """The first ``count`` multi_news texts' first ``length`` tokens, as the protocol cuts them."""
-    from evaluation.protocols.traces.record import source_text, text_tokens
+    from evaluation.protocols.texts import source_text, text_tokens
 
     names = [f"multi_news:{index}" for index in range(count)]
     return torch.tensor([text_tokens(tokenizer, source_text(name, data), length, name) for name in names])

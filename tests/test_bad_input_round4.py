@@ -24,7 +24,7 @@ from evaluation.catalogue.specs import canonical
 from evaluation.cli.main import main
 from evaluation.errors import EvaluationError
 from evaluation.protocols.perplexity.work import BYTES_PER_TOKEN, text_file
-from evaluation.protocols.traces.record import text_tokens
+from evaluation.protocols.texts import text_tokens
 from evaluation.runs.models import load_model
 from evaluation.runs.store import ResultStore
 from tests.helpers import saved_chat_model, without_progress

@@ -224,7 +224,7 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--texts", "wikipedia:3"], "trace text 'wikipedia:3' must be multi_news:N or locomo:SAMPLE_ID"),
+        (["--texts", "wikipedia:3"], "text 'wikipedia:3' must be multi_news:N, locomo:SAMPLE_ID or essays:N"),
         (["--texts", "multi_news:100000"], "multi_news has contexts 0.."),
         (["--texts", "locomo:conv-0"], "unknown LoCoMo conversation 'conv-0'"),
         (["--budgets", "32"], "budgets must be at least 64 (SnapKV's window) and below --length 160"),

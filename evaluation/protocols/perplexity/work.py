@@ -30,7 +30,7 @@ from evaluation.protocols.perplexity.config import BATCHED, CELL_BY_CELL, Perple
 from evaluation.protocols.perplexity.protocol import POSITION_WINDOW, Perplexity, PerplexityRow
 from evaluation.protocols.perplexity.stream import base_press, decoding_press, pieces, streamed_nll
 from evaluation.protocols.protocol import Plan
-from evaluation.protocols.traces.record import source_file, source_text, text_tokens
+from evaluation.protocols.texts import source_file, source_text, text_tokens
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import resolve_model_path, what_loading_fetches
 from evaluation.runs.progress import active
@@ -64,7 +64,7 @@ def checked_presses(config: PerplexityConfig, dry_run: bool = False) -> tuple[li
     """The run's presses, each checked streamable in the run's form before any data (a dry run builds none), and
     what each streams as where that is not its own press."""
     if not config.texts and not config.text_files:
-        raise EvaluationError("no texts: give --texts (multi_news:N, locomo:SAMPLE_ID) or --text-file")
+        raise EvaluationError("no texts: give --texts (multi_news:N, locomo:SAMPLE_ID, essays:N) or --text-file")
     if config.chunk >= config.length:
         raise EvaluationError(f"--chunk {config.chunk} must be below --length {config.length}")
     presses = resolve_presses(config.presses, config.allow_import, dry_run)

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.catalogue.budgets import Budget
 from evaluation.errors import EvaluationError
 from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.texts import source_file, source_text
 from evaluation.protocols.traces import controlled
 from evaluation.protocols.traces.policies import (
     LAG_SWEEP,
@@ -30,7 +31,7 @@ from evaluation.protocols.traces.policies import (
     sweep_name,
 )
 from evaluation.protocols.traces.protocol import BENCHMARK, METRICS, SUMMARY, TraceRow, Traces, TracesConfig
-from evaluation.protocols.traces.record import Trace, load_or_record, source_file, source_text, trace_name
+from evaluation.protocols.traces.record import Trace, load_or_record, trace_name
 from evaluation.protocols.traces.replay import Replay, recent_share, replay
 from evaluation.protocols.traces.tova_claims import (
     FIRST,
