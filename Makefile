@@ -99,11 +99,9 @@ eval-perplexity: setup
 	$(PY) -m evaluation perplexity --length 1024 --budgets 64 128 256 \
 		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" --cells-one-at-a-time --output results/perplexity/smollm2-135m
 
-# Issue 59's grids at the papers' n (docs/perplexity.md, docs/benchmarks.md), not yet run: they write under scratch/
-# until the evidence issue makes them from a clean commit and moves their --output under results/. 24 texts of
-# 2,048 tokens (the first 12 multi_news contexts that long, and 12 parts of Paul Graham's essays 8 parts apart, the
-# long-prose stand-in for PG-19) streamed batched across presses; LongBench's answer likelihood alone (one prefill and
-# one batched forward per example) at n = 120.
+# Perplexity at the papers' n (docs/perplexity.md), not yet run: it writes under scratch/ until it is made from a
+# clean commit. 24 texts of 2,048 tokens (the first 12 multi_news contexts that long, and 12 parts of Paul Graham's
+# essays 8 parts apart, the long-prose stand-in for PG-19) streamed batched across presses.
 PERPLEXITY_TEXTS := $(foreach i,0 6 10 13 15 16 19 21 22 24 25 28,multi_news:$(i)) \
 	$(foreach i,0 8 16 24 32 40 48 56 64 72 80 88,essays:$(i))
 eval-perplexity-2048: setup
