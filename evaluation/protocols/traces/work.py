@@ -212,7 +212,10 @@ def write_scorecard(protocol: Traces, config: TracesConfig, rows: list[dict]) ->
     summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
     note = (
         "Trace metrics, mean over layers; each cell: mean [95% bootstrap interval over traces] (n traces). With "
-        "two texts an interval describes those two texts, not a population."
+        "two texts an interval describes those two texts, not a population. Heavy-hitter recall is agreement with "
+        "attention summed over the whole trace, in hindsight, not a measure of holding what later steps use: read "
+        "it beside Belady's (the offline optimum of hit rate). RMM learns each row's teacher-forced correctness "
+        "when the next position arrives, as the press does on a model."
     )
     appendix = tova_table(tova_claims(rows, budgets, h2o_window), h2o_window)
     write_card(output, summary, f"Traces: {output.name}", note, REFERENCE, policies, labels, appendix)
