@@ -13,6 +13,7 @@ each spec is resolved once per process, and the lookups after a run's start find
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ from evaluation.catalogue.specs import FULL_CACHE, PressCall, canonical, import_
 from evaluation.errors import EvaluationError, first_line
 
 CHECKED_RATIO = 0.5  # the compression ratio a spec's press is built at when it is resolved
+BUDGET_SETS = "compression_ratio"  # a press parameter each cell's budget sets (``set_ratio``), never a spec
 DESCRIPTIONS = {
     SHARED: "shared prefill: its own hook on the stored inputs",
     OWN_PREFILL: "its own prefill",
@@ -95,7 +97,20 @@ def _blueprint(value: object, spec: str, allow_import: bool, dry_run: bool) -> o
     if cls is None:
         return Pending(value.name)
     check_arguments(cls, _as_checked(args), {name: _as_checked(item) for name, item in kwargs.items()}, spec)
+    if BUDGET_SETS in _given(cls, args, kwargs):
+        raise EvaluationError(
+            f"press spec {spec!r}: {BUDGET_SETS} is the budget's to set (each cell sets it from --ratios or "
+            "--budgets, as KVPress's evaluation does), so the spec's would be overwritten: leave it out"
+        )
     return Blueprint(cls, args, kwargs)
+
+
+def _given(cls: type, args: tuple, kwargs: dict) -> set[str]:
+    """The parameters of ``cls`` that these arguments give, by name (a positional one too)."""
+    try:
+        return set(inspect.signature(cls).bind_partial(*args, **kwargs).arguments)
+    except (TypeError, ValueError):  # arguments its constructor refuses, in its own words, when it is built
+        return set()
 
 
 def _as_checked(value: object) -> object:
@@ -245,15 +260,32 @@ def resolve_presses(
 
 
 def refuse_same_press(presses: list[ResolvedPress]) -> None:
-    """Two names of one press (``knorm`` and ``KnormPress``: one class with the same parameters) are an error: a
-    press is tallied once, under one name."""
-    for index, press in enumerate(presses):
-        for other in presses[:index]:
-            if press.blueprint is not None and other.label != press.label and other.blueprint == press.blueprint:
+    """Two names of one press (``knorm`` and ``KnormPress``, ``snapkv`` and ``snapkv(window_size=64)`` where 64 is
+    its default, ``adakv(snapkv)`` and ``adakv(press=snapkv)``: one class with the same parameters) are an error:
+    a press is tallied once, under one name."""
+    built = [(p.label, p.blueprint.cls.__name__, _identity(p.blueprint)) for p in presses if p.blueprint is not None]
+    for index, (label, name, identity) in enumerate(built):
+        for other, _, other_identity in built[:index]:
+            if other != label and other_identity == identity:
                 raise EvaluationError(
-                    f"press specs {other.label!r} and {press.label!r} build the same press "
-                    f"({press.blueprint.cls.__name__} with the same parameters): give it once, under one name"
+                    f"press specs {other!r} and {label!r} build the same press ({name} with the same parameters, "
+                    "defaults included): give it once, under one name"
                 )
+
+
+def _identity(value: object) -> object:
+    """What a blueprint builds, comparable with ``==``: its class and every argument by name, defaults included
+    (``inspect.Signature.bind``), a press among them by its own identity."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_identity(item) for item in value)
+    if not isinstance(value, Blueprint):
+        return value
+    try:
+        bound = inspect.signature(value.cls).bind(*value.args, **value.kwargs)
+    except (TypeError, ValueError):  # a signature that hides its parameters: compared as given
+        return value.cls, _identity(value.args), {name: _identity(item) for name, item in value.kwargs.items()}
+    bound.apply_defaults()
+    return value.cls, {name: _identity(item) for name, item in bound.arguments.items()}
 
 
 def _declared_refusal(value: object) -> str:
