@@ -421,6 +421,14 @@ def test_a_text_file_that_is_not_utf8_is_one_line_naming_it(chat_model, tmp_path
     assert f"--text-file {text}: not UTF-8 (byte 3): save it as UTF-8" in one_line_error(capsys)
 
 
+def test_a_dataset_file_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(json.dumps({"context": "caf\u00e9"}, ensure_ascii=False).encode("latin-1") + b"\n")
+    argv = ["kvpress", "--dataset", "ruler", "--data", str(data), "--output", str(tmp_path / "run"), "--dry-run"]
+    assert main(argv) == 2
+    assert f"{data}: not UTF-8 (byte 16): save it as UTF-8" in one_line_error(capsys)
+
+
 def test_a_config_file_that_is_not_utf8_or_too_large_is_one_line(data, tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_bytes(b"presses: [caf\xe9]\n")
@@ -465,6 +473,10 @@ def test_a_large_text_is_cut_before_it_is_read_whole_or_tokenized(tmp_path):
         (["longbench", "--max-length", "9999999"], "argument --max-length: 9999999 is above 1048576"),
         (["locomo", "--max-new-tokens", "100000"], "argument --max-new-tokens: 100000 is above 65536"),
         (["ruler", "--lengths", "4096", "2000000"], "argument --lengths: 2000000 is above 1048576"),
+        (["reuse", "--episodes", "1000000000"], "argument --episodes: 1000000000 is above 1000"),
+        (["memory", "--episodes", "20000"], "argument --episodes: 20000 is above 1000"),
+        (["probe", "--probes", "1000000"], "argument --probes: 1000000 is above 1000"),
+        (["ruler", "--n", "100000"], "argument --n: 100000 is above 1000"),
     ],
 )
 def test_numbers_that_size_memory_have_upper_bounds(argv, message, capsys):
