@@ -40,7 +40,7 @@ from evaluation.catalogue.specs import FULL_CACHE, PressCall, canonical, import_
 from evaluation.errors import EvaluationError, first_line
 
 CHECKED_RATIO = 0.5  # the compression ratio a spec's press is built at when it is resolved
-BUDGET_SETS = "compression_ratio"  # a press parameter each cell's budget sets (``set_ratio``), never a spec
+BUDGET_SETS = "compression_ratio"  # a press parameter a run's budget sets (``set_ratio``), never its press specs
 DESCRIPTIONS = {
     SHARED: "shared prefill: its own hook on the stored inputs",
     OWN_PREFILL: "its own prefill",
@@ -97,20 +97,20 @@ def _blueprint(value: object, spec: str, allow_import: bool, dry_run: bool) -> o
     if cls is None:
         return Pending(value.name)
     check_arguments(cls, _as_checked(args), {name: _as_checked(item) for name, item in kwargs.items()}, spec)
-    if BUDGET_SETS in _given(cls, args, kwargs):
-        raise EvaluationError(
-            f"press spec {spec!r}: {BUDGET_SETS} is the budget's to set (each cell sets it from --ratios or "
-            "--budgets, as KVPress's evaluation does), so the spec's would be overwritten: leave it out"
-        )
     return Blueprint(cls, args, kwargs)
 
 
-def _given(cls: type, args: tuple, kwargs: dict) -> set[str]:
-    """The parameters of ``cls`` that these arguments give, by name (a positional one too)."""
+def _sets_ratio(value: object) -> bool:
+    """Whether a blueprint, or a press it holds, is given ``BUDGET_SETS`` (by name or by position)."""
+    if isinstance(value, (list, tuple)):
+        return any(map(_sets_ratio, value))
+    if not isinstance(value, Blueprint):
+        return False
     try:
-        return set(inspect.signature(cls).bind_partial(*args, **kwargs).arguments)
+        given = inspect.signature(value.cls).bind_partial(*value.args, **value.kwargs).arguments
     except (TypeError, ValueError):  # arguments its constructor refuses, in its own words, when it is built
-        return set()
+        given = {}
+    return BUDGET_SETS in given or _sets_ratio(value.args) or _sets_ratio(list(value.kwargs.values()))
 
 
 def _as_checked(value: object) -> object:
@@ -240,8 +240,9 @@ def resolve_presses(
     Raises
     ------
     EvaluationError
-        One line, for a spec that is not a press, an import path not allowed, a press these protocols cannot run,
-        one whose files do not exist for ``model``, or two specs that build the same press.
+        One line, for a spec that is not a press, an import path not allowed, a spec that sets the compression
+        ratio a run's budget sets, a press these protocols cannot run, one whose files do not exist for ``model``,
+        or two specs that build the same press.
     """
     resolved = []
     for spec in specs:
@@ -249,6 +250,12 @@ def resolve_presses(
         if refusal:
             raise EvaluationError(f"press spec {spec!r}: {refusal}")
         press = _resolved(spec, allow_import, dry_run)
+        if _sets_ratio(press.blueprint):
+            raise EvaluationError(
+                f"press spec {press.label!r}: {BUDGET_SETS} is the budget's to set (a run sets it per cell from "
+                "--ratios or --budgets, as KVPress's evaluation does, or holds its budget in tokens), so the spec's "
+                "would not be the one run: leave it out"
+            )
         if press.needs.path == REFUSED:
             raise EvaluationError(f"press spec {press.label!r}: {press.needs.refusal}")
         why = press.missing_for(model) if model is not None and not dry_run else ""
