@@ -111,8 +111,9 @@ def text_sources(config: PerplexityConfig) -> list[tuple[str, Path]]:
     sources = [(spec, source_file(spec, config.data_root)) for spec in config.texts]
     for given in config.text_files:
         path = Path(given)
-        if not path.is_file():
-            raise EvaluationError(f"--text-file {given} not found: give a UTF-8 text file")
+        if not path.is_file():  # nor a folder, a pipe (whose read would wait) or a device
+            why = "is not a file (a folder, a pipe or a device)" if path.exists() else "not found"
+            raise EvaluationError(f"--text-file {given} {why}: give a UTF-8 text file")
         sources.append((f"file:{path.name}", path))
     names = [name for name, _ in sources]
     if len(set(names)) != len(names):

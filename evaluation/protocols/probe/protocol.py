@@ -28,7 +28,7 @@ from pathlib import Path
 
 from typing_extensions import NotRequired
 
-from evaluation.protocols.options import MAX_NEW_TOKENS, whole
+from evaluation.protocols.options import MAX_GENERATED, MAX_NEW_TOKENS, whole
 from evaluation.protocols.probe.facts import FACTS, PLACEMENT_TEXTS, PLACEMENTS, SHUFFLED
 from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
@@ -115,7 +115,7 @@ class Probes(Protocol[ProbeConfig]):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
-        parser.add_argument("--probes", type=whole(1), default=400, help="probes (default 400)")
+        parser.add_argument("--probes", type=whole(1, MAX_GENERATED), default=400, help="probes (default 400)")
         parser.add_argument(
             "--no-reasoning", action="store_true", help="answer with the colour alone (default: state the chain first)"
         )
