@@ -230,6 +230,15 @@ def test_where_the_reference_ties_the_full_cache_a_tie_against_it_reads_no_headr
     assert "- tova: 0 / 1 / 0" in markdown  # the tally counts it a tie
 
 
+def test_a_run_without_the_reference_declares_its_family_against_the_full_cache_once(tmp_path):
+    rows = card_rows("full", 0, 60, 20, "") + card_rows("rmm", -0.1, 60, 20, "256")
+    summary = summarize(scores_frame(CARD, rows), "h2o", resamples=500)
+    write_scorecard(tmp_path, summary, "Card", "note", "h2o")
+    markdown = (tmp_path / "scorecard.md").read_text()
+    assert "This run holds no h2o: every press is compared with the full cache." in markdown
+    assert "- Primary, score: the 1 tested comparisons of each press against the full cache at every budget" in markdown
+
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 

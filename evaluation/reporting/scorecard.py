@@ -634,7 +634,7 @@ def families_section(
         ]
     elif units:
         lines += [f'Unit: the {", ".join(units)}, each pair its own; "too few" means under {MIN_PAIRS} pairs.', ""]
-    against = " and ".join(dict.fromkeys([reference, "the full cache"]))
+    against = " and ".join(dict.fromkeys([baseline_name(reference), "the full cache"]))
     for metric in metrics_of(summary):
         for family, where in ((PRIMARY, "the tallied conditions"), (SUBGROUPS, "the other conditions")):
             chosen = summary[(summary["metric"] == metric) & (summary["family"] == family)]
