@@ -23,7 +23,9 @@ from evaluation.catalogue.specs import FULL_CACHE, plan_spec
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.reporting.conditions import Benchmark, Contrast, Metric, PressContrast
 from evaluation.reporting.intervals import (
+    EXACT_TO_SETTLE,
     EXACT_UP_TO,
+    MAX_FLIPS,
     MC_ERROR_SE,
     MIN_EXAMPLES_FOR_INTERVAL,
     MIN_FLIPS,
@@ -46,11 +48,12 @@ POWER_NOTE = (
     "p: the paired sign-flip permutation test of the mean difference (two-sided; on the summed differences of each "
     f"cluster where pairs share a unit), exact over every sign assignment up to {EXACT_UP_TO} non-zero differences, "
     f"else {MIN_FLIPS:,} seeded random flips with the Monte Carlo error (`p_error` in the csv, {MC_ERROR_SE:g} "
-    "standard errors). A verdict is win or loss where p < 0.05 in the metric's direction, else tie; the interval "
-    "(a bootstrap, of clusters where pairs share a unit) only shows the spread. MDE: the smallest difference these "
-    "pairs detect with 80% power at a two-sided 5% level, (z_0.975 + z_0.8) x the mean's standard error "
-    "(cluster-robust where pairs share a unit; SD / sqrt(n) otherwise; normal approximation). Holm: the verdict "
-    "after Holm's correction over the primary family (below)."
+    "standard errors); where that error leaves a decision after Holm open, every sign assignment up to "
+    f"{EXACT_TO_SETTLE} non-zero differences, else up to {MAX_FLIPS:,} flips. A verdict is win or loss where p < "
+    "0.05 in the metric's direction, else tie; the interval (a bootstrap, of clusters where pairs share a unit) "
+    "only shows the spread. MDE: the smallest difference these pairs detect with 80% power at a two-sided 5% level, "
+    "(z_0.975 + z_0.8) x the mean's standard error (cluster-robust where pairs share a unit; SD / sqrt(n) "
+    "otherwise; normal approximation). Holm: the verdict after Holm's correction over the primary family (below)."
 )
 
 
@@ -631,7 +634,7 @@ def families_section(
         ]
     elif units:
         lines += [f'Unit: the {", ".join(units)}, each pair its own; "too few" means under {MIN_PAIRS} pairs.', ""]
-    against = " and ".join(dict.fromkeys([reference, "the full cache"]))
+    against = " and ".join(dict.fromkeys([baseline_name(reference), "the full cache"]))
     for metric in metrics_of(summary):
         for family, where in ((PRIMARY, "the tallied conditions"), (SUBGROUPS, "the other conditions")):
             chosen = summary[(summary["metric"] == metric) & (summary["family"] == family)]

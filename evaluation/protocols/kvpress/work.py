@@ -84,6 +84,6 @@ def write_scorecard(protocol: KVPressDatasets, config: KVPressConfig, rows: list
     )
     output = config.output
     labels = [budget.label for budget in config.budgets]
-    appendix = overlap_section(output, rows, REFERENCE)
+    appendix = overlap_section(output, rows, REFERENCE, protocol.benchmark)
     title = f"KVPress {config.dataset}: {output.name}"
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix)

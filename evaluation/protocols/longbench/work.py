@@ -191,7 +191,7 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
     labels = [b.label for b in config.budgets]
     caps = {task: config.generation_cap(length) for task, length in official.items()}
     appendix = ([] if config.likelihood_only else degeneracy_lines(rows, caps)) + overlap_section(
-        output, rows, REFERENCE
+        output, rows, REFERENCE, benchmark
     )
     title = f"LongBench: {output.name}"
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix, press_contrasts=against)

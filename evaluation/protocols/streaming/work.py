@@ -216,5 +216,5 @@ def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) 
     summary = summarize(frame, REFERENCE)
     title = f"{task.benchmark.name} streaming: {output.name}"
     contrasts = contrast_table(benchmark, rows)
-    appendix = overlap_section(output, rows, REFERENCE)
+    appendix = overlap_section(output, rows, REFERENCE, task.benchmark)
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix, contrasts)
