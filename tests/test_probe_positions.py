@@ -68,7 +68,7 @@ def test_the_placement_defines_the_run_and_an_older_run_stands_for_shuffled(tmp_
     assert "the gold facts at positions 7 and 9 of 16" in capsys.readouterr().out
     assert main(["probe", "--gold-positions", "edge", "--dry-run", "--output", str(tmp_path)]) == 2
     assert "invalid choice: 'edge'" in capsys.readouterr().err
-    config = ProbeConfig(ModelSettings(), 0, 400, True, tmp_path)
+    config = ProbeConfig(model=ModelSettings(), seed=0, probes=400, reasoning=True, output=tmp_path)
     defining = tuple(results_defining(config))
     assert "gold_positions" in defining
     older = {"seed": 0, "reasoning": True, "max_new_tokens": 40, **ModelSettings().record()}  # no gold_positions

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.protocols.protocol import protocols
+from evaluation.protocols.shipped import protocols
 from evaluation.reporting.conditions import Benchmark
 from evaluation.reporting.intervals import (
     ALPHA,

@@ -34,8 +34,10 @@ from evaluation.catalogue.specs import FULL_CACHE, canonical, import_paths, plan
 from evaluation.cli.config_file import option_value, subcommand
 from evaluation.cli.main import model_settings, parser_for_every_command
 from evaluation.errors import EvaluationError
+from evaluation.protocols import shipped_work  # noqa: F401 (registers each protocol's work)
 from evaluation.protocols.loop import run_settings
-from evaluation.protocols.protocol import Plan, Protocol, lacks, protocols
+from evaluation.protocols.protocol import Plan, Protocol, lacks
+from evaluation.protocols.shipped import protocols
 from evaluation.runs.backends import LOCAL, Unit, Work, run_units
 from evaluation.runs.json_rows import numbered_rows
 from evaluation.runs.progress import duration
@@ -121,8 +123,10 @@ def configured(folder: Path, record: dict, output: Path, allow_import: bool = Fa
         )
     protocol = known[name]
     parser = parser_for_every_command()
-    actions = {a.dest: a for a in subcommand(parser, name)._actions if a.option_strings}
-    args = parser.parse_args([name])
+    subparser = subcommand(parser, name)
+    actions = {a.dest: a for a in subparser._actions if a.option_strings and a.dest != "help"}
+    # the bare subcommand's options at their defaults, a required one (kvpress's --dataset) unset until recorded
+    args = argparse.Namespace(command=name, **{dest: a.default for dest, a in actions.items()}, **subparser._defaults)
     try:
         values = protocol.options_of(record["config"])
     except (KeyError, TypeError, ValueError, EvaluationError) as error:

@@ -12,7 +12,7 @@ from evaluation.catalogue.resolved import fetch_notes, resolve_press, resolve_pr
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError
 from evaluation.protocols.longbench import cells
-from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
+from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import (
     CONFIG_FILES,
     TaskConfig,
@@ -25,7 +25,8 @@ from evaluation.protocols.longbench.data import (
 )
 from evaluation.protocols.longbench.degeneracy import degeneracy_lines
 from evaluation.protocols.longbench.protocol import LongBench
-from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.options import PATHS
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement
 from evaluation.protocols.single_turn import cells as single_turn
 from evaluation.reporting.conditions import ANSWER_NLL
 from evaluation.reporting.overlap import overlap_section
@@ -200,3 +201,18 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
     )
     title = f"LongBench: {output.name}"
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix, press_contrasts=against)
+
+
+class LongBenchWork(Implementation[LongBenchConfig]):
+    def dry_run(self, protocol: LongBench, config: LongBenchConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: LongBench, config: LongBenchConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: LongBench, config: LongBenchConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+LONGBENCH_WORK = LongBenchWork()
+implement(LongBench, LONGBENCH_WORK)

@@ -29,7 +29,7 @@ from evaluation.protocols.perplexity.card import write_perplexity_card
 from evaluation.protocols.perplexity.config import BATCHED, CELL_BY_CELL, PerplexityConfig
 from evaluation.protocols.perplexity.protocol import POSITION_WINDOW, Perplexity, PerplexityRow
 from evaluation.protocols.perplexity.stream import base_press, decoding_press, pieces, streamed_nll
-from evaluation.protocols.protocol import Plan
+from evaluation.protocols.protocol import Implementation, Plan, implement
 from evaluation.protocols.traces.record import source_file, source_text, text_tokens
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import resolve_model_path, what_loading_fetches
@@ -296,3 +296,18 @@ def write_scorecard(protocol: Perplexity, config: PerplexityConfig, rows: list[d
         write_perplexity_card(
             protocol.benchmark, config.output, rows, config.presses, labels, config.form, POSITION_WINDOW
         )
+
+
+class PerplexityWork(Implementation[PerplexityConfig]):
+    def dry_run(self, protocol: Perplexity, config: PerplexityConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Perplexity, config: PerplexityConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Perplexity, config: PerplexityConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+PERPLEXITY_WORK = PerplexityWork()
+implement(Perplexity, PERPLEXITY_WORK)
