@@ -3,14 +3,14 @@ their rows against the committed ones.
 
 A run's run.json names its protocol and records its settings. The protocol's typed configuration is rebuilt through
 its own options, each recorded value through its flag's type and range (``evaluation.cli.config_file``;
-``Protocol.options_of`` for a setting recorded under another name than its option's), and planned; every recorded
-setting must then equal the rebuilt run's (``loop.run_settings``). The sample keeps the run's batches: whole units,
-the cheapest first by the run's recorded unit seconds (units whose committed rows all failed last); where a
-protocol's unit splits into steps (``Protocol.steps``: a streamed question, a probe, a trace's replay), the first K
-steps, the unit's work running as in the run and stopped once the sample's rows are stored. The units run through
-``run_units`` into a temporary folder, at the run's recorded thread count (a run.json from before ``threads``: this
-machine's cores), and each row is compared with the committed row of its key: every float within its field's
-measured tolerance (``TOLERANCES``), every other value equal (text byte for byte).
+``Protocol.options_of``, from each setting's declaration, for one recorded under another name or form than its
+option's), and planned; every recorded setting must then equal the rebuilt run's (``loop.run_settings``). The sample
+keeps the run's batches: whole units, the cheapest first by the run's recorded unit seconds (units whose committed
+rows all failed last); where a protocol's unit splits into steps (``Protocol.steps``: a streamed question, a probe,
+a trace's replay), the first K steps, the unit's work running as in the run and stopped once the sample's rows are
+stored. The units run through ``run_units`` into a temporary folder, at the run's recorded thread count (a run.json
+from before ``threads``: this machine's cores), and each row is compared with the committed row of its key: every
+float within its field's measured tolerance (``TOLERANCES``), every other value equal (text byte for byte).
 
 One line per run, ``reproduced`` or ``differs`` (the first difference); exit status 1 when a run differs, 2 for a
 folder it cannot reproduce (no run.json, a protocol or a setting this code no longer has, a press that imports a

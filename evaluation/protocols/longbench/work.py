@@ -6,6 +6,7 @@ from dataclasses import replace
 from functools import partial
 
 import pandas as pd
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Cell, budget_label, press_cells
 from evaluation.catalogue.resolved import fetch_notes, resolve_press, resolve_presses
@@ -28,6 +29,7 @@ from evaluation.protocols.longbench.protocol import LongBench
 from evaluation.protocols.options import PATHS
 from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement
 from evaluation.protocols.single_turn import cells as single_turn
+from evaluation.protocols.single_turn.cells import Case
 from evaluation.reporting.conditions import ANSWER_NLL
 from evaluation.reporting.overlap import overlap_section
 from evaluation.reporting.scorecard import press_contrast_table, scores_frame, summarize
@@ -171,6 +173,26 @@ def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
     )
     departure = departure_note(config, official)
     return Plan(units, work, settings, ("data_fingerprint",), summary + (f"; {departure}" if departure else ""))
+
+
+def cases(config: LongBenchConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[Case]:
+    """Each example of the run (the first ``n`` of each task) as its case, cut as a run cuts it. A public entry
+    point, with ``case_rows``: benchmarks/ time a case's cells."""
+    data_dir = resolve_data_dir(config.data_dir, config.tasks)
+    task_configs = load_configs(data_dir, config.tasks)
+    budgets = {task: cells.prompt_budget(config, model, tokenizer, task, task_configs[task]) for task in config.tasks}
+    return [
+        cells.case_of(example, task_configs[task], tokenizer, budgets[task], config.query_aware)
+        for task in config.tasks
+        for example in load_task(data_dir, task, config.n)
+    ]
+
+
+def case_rows(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: LongBenchConfig, case: Case, grid: list[Cell]
+) -> list[dict]:
+    """The rows of ``grid``'s cells of one case on the configuration's path, as a run computes them."""
+    return list(single_turn.run_cells(model, tokenizer, config, case, grid))
 
 
 def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dict]) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from kvpress.presses.base_press import BasePress
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedModel
 
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label
 from evaluation.catalogue.resolved import ResolvedPress, resolve_press, resolve_presses
@@ -255,7 +255,24 @@ def cell_press(cell: Cell, config: PerplexityConfig) -> BasePress | None:
     """The ``DecodingPress`` a cell streams under (None: the full cache)."""
     if cell.budget is None:
         return None
-    return decoding_press(base_press(resolve_press(cell.press), config.chunk)[0], int(cell.budget.value))
+    return budget_press(cell.press, config.chunk, int(cell.budget.value))
+
+
+def budget_press(spec: str, chunk: int, budget: int) -> BasePress:
+    """The ``DecodingPress`` of the press ``spec`` holding ``budget`` tokens, evicting every ``chunk`` tokens."""
+    return decoding_press(base_press(resolve_press(spec), chunk)[0], budget)
+
+
+def streamed_presses(
+    model: PreTrainedModel, ids: torch.Tensor, specs: list[str], budget: int, chunk: int, batched: bool
+) -> torch.Tensor:
+    """Each press of ``specs`` at ``budget`` tokens streaming the texts ``ids`` (texts, length): its NLL of every
+    token after the first (presses, texts, length - 1), all in one batch (``batched_nll``, a run's default) or each
+    as a batch of its own (``--cells-one-at-a-time``). A public entry point: benchmarks/streaming.py times both."""
+    presses = [budget_press(spec, chunk, budget) for spec in specs]
+    if batched:
+        return torch.stack(batched_nll(model, ids, presses, chunk))
+    return torch.stack([streamed_nll(model, ids, press, chunk) for press in presses])
 
 
 def append_rows(
