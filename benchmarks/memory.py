@@ -77,7 +77,8 @@ example = dataclasses.replace(examples[0], context="\\n\\n".join(e.context for e
 prompt = build_prompt(example, task, tokenizer, length, query_aware=False)
 budgets = [Budget("ratio", 0.5), Budget("ratio", 0.75)]
 output = Path(tempfile.mkdtemp())
-config = LongBenchConfig(ModelSettings(), ["multi_news"], presses, budgets, 1, False, str(data), output)
+config = LongBenchConfig(model=ModelSettings(), tasks=["multi_news"], presses=presses, budgets=budgets, n=1,
+                         query_aware=False, data_dir=str(data), output=output)
 cells = [(presses[0], None)] + [(press, budget) for press in presses[1:] for budget in budgets]  # full first
 layers, heads, dim = model.config.num_hidden_layers, model.config.num_key_value_heads, model.config.head_dim
 kv = 2 * layers * heads * dim * prompt.context_ids.shape[1] * 4

@@ -21,49 +21,40 @@ from pathlib import Path
 import torch
 from report import write_report
 
+from evaluation.protocols.perplexity.config import PerplexityConfig
+from evaluation.protocols.perplexity.work import streamed_presses, text_token_ids
 from evaluation.runs.data_location import shared_data
+from evaluation.runs.models import ModelSettings
+from evaluation.runs.terminal import quiet_libraries
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESSES = ["streaming_llm", "tova", "h2o", "rmm", "rmm(lag=64)", "knorm"]
 
 
-def texts(tokenizer, count: int, length: int, data: Path) -> torch.Tensor:
+def texts(count: int, length: int, data: Path) -> torch.Tensor:
     """The first ``count`` multi_news texts' first ``length`` tokens, as the protocol cuts them."""
-    from evaluation.protocols.texts import source_text, text_tokens
-
     names = [f"multi_news:{index}" for index in range(count)]
-    return torch.tensor([text_tokens(tokenizer, source_text(name, data), length, name) for name in names])
+    config = PerplexityConfig(
+        model=ModelSettings(), data_root=data, texts=names, length=length, presses=[], budgets=[], output=ROOT
+    )
+    return torch.tensor(text_token_ids(config)[1])
 
 
 def streams(model, ids: torch.Tensor, presses: list[str], budget: int, chunk: int, batched_first: bool) -> dict:
     """Both sides once, in the order ``batched_first`` says: the seconds of each and its NLLs (presses, texts,
     length - 1)."""
-    from evaluation.catalogue.resolved import resolve_press
-    from evaluation.protocols.perplexity.batched import batched_nll
-    from evaluation.protocols.perplexity.stream import base_press, decoding_press, streamed_nll
-
-    def fresh() -> list:
-        return [decoding_press(base_press(resolve_press(spec), chunk)[0], budget) for spec in presses]
-
-    sides = {
-        "batched": lambda: torch.stack(batched_nll(model, ids, fresh(), chunk)),
-        "cells": lambda: torch.stack([streamed_nll(model, ids, press, chunk) for press in fresh()]),
-    }
     run = {}
     for side in ("batched", "cells") if batched_first else ("cells", "batched"):
         start = time.perf_counter()
-        run[side] = sides[side]()
+        run[side] = streamed_presses(model, ids, presses, budget, chunk, batched=side == "batched")
         run[f"{side}_s"] = time.perf_counter() - start
     return run
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from evaluation.runs.models import ModelSettings
-    from evaluation.runs.terminal import quiet_libraries
-
     quiet_libraries()
-    model, tokenizer = ModelSettings().load()
-    ids = texts(tokenizer, args.texts, args.length, args.data)
+    model, _ = ModelSettings().load()
+    ids = texts(args.texts, args.length, args.data)
     runs = []
     for repeat in range(args.repeats):
         run = streams(model, ids, args.presses, args.budget, args.chunk, batched_first=repeat % 2 == 0)

@@ -282,7 +282,9 @@ def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2, monkeypatch):
     case = case_of(example, task, tokenizer, 1024, False)
     prompt = case.prompt
     half = Budget("ratio", 0.5)
-    config = LongBenchConfig(ModelSettings(), ["multi_news"], ["snapkv", "tova"], [half], 1, False, None, Path("-"))
+    config = LongBenchConfig(
+        model=ModelSettings(), tasks=["multi_news"], presses=["snapkv", "tova"], budgets=[half], n=1, output=Path("-")
+    )
     shared = cells.run_shared(model, tokenizer, config, case, [("full", None), ("snapkv", half)])
     per_cell = cells.run_cell(model, tokenizer, config, case, "tova", half)
     model.set_attn_implementation("sdpa")
@@ -305,7 +307,9 @@ def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2, monkeypatch):
 def test_a_probe_row_holds_its_gold_answer_likelihood(tmp_path, reasoning):
     model, tokenizer = tiny_model("llama", "sdpa", vocab_size=260), byte_tokenizer()
     probe = probes(5, 1)[0]
-    config = ProbeConfig(ModelSettings(), 5, 1, reasoning, tmp_path, max_new_tokens=40)
+    config = ProbeConfig(
+        model=ModelSettings(), seed=5, probes=1, reasoning=reasoning, output=tmp_path, max_new_tokens=40
+    )
     rows = probe_rows((model, tokenizer), probe, config)
     ids, _ = prompt_ids(tokenizer, probe, reasoning)
     text = f"{probe.answer}." if not reasoning else gold_answer(probe, True)

@@ -28,9 +28,9 @@ from evaluation.cli.main import main
 from evaluation.errors import EvaluationError
 from evaluation.protocols.kvpress.columns import KVPressExample, export_parquet, read_examples
 from evaluation.protocols.perplexity.work import BYTES_PER_TOKEN, text_file
-from evaluation.protocols.protocol import protocols
 from evaluation.protocols.ruler.needle import MAX_NEW_TOKENS as NEEDLE_ANSWER
 from evaluation.protocols.ruler.tasks import ruler_task
+from evaluation.protocols.shipped import protocols
 from evaluation.protocols.single_turn.config import SingleTurnConfig
 from evaluation.protocols.single_turn.examples import case_of, first_answer
 from evaluation.protocols.texts import text_tokens
@@ -339,7 +339,7 @@ def test_a_model_whose_context_is_known_only_once_loaded_is_checked_where_the_pr
     the answer prefix, not the question alone); a context that cannot hold a minimal prompt is refused."""
     tokenizer = byte_tokenizer(CHAT_TEMPLATE)
     example = KVPressExample("e", "t", "word " * 400, QUESTION, PREFIX, ("a",), 50)
-    config = SingleTurnConfig(ModelSettings("remote/model"), ["full"], [], Path("unused"))
+    config = SingleTurnConfig(model=ModelSettings("remote/model"), presses=["full"], budgets=[], output=Path("unused"))
     case = case_of(example, tokenizer, 300, config, lambda prediction, example: 0.0, first_answer)
     prompt = case.prompt
     assert prompt.truncated and prompt.context_ids.shape[1] + prompt.question_ids.shape[1] + 50 == 300

@@ -242,7 +242,9 @@ def test_every_cell_restores_the_models_attention(monkeypatch):
 
     model, tokenizer = tiny_model("llama", "sdpa", vocab_size=260), byte_tokenizer(CHAT_TEMPLATE)
     resolve_presses(["h2o"])
-    config = LongBenchConfig(ModelSettings(), ["hotpotqa"], ["h2o"], [], None, False, None, Path("out"))
+    config = LongBenchConfig(
+        model=ModelSettings(), tasks=["hotpotqa"], presses=["h2o"], budgets=[], n=None, output=Path("out")
+    )
     task = TaskConfig("{context}\nQuestion: {input}\nAnswer:", 4)
     example = Example("hotpotqa", "0", "Which word?", "amber river stone " * 20, ["amber"], None)
     cell = (model, tokenizer, config, case_of(example, task, tokenizer, 200, False), "h2o", Budget("ratio", 0.5))
@@ -267,7 +269,10 @@ def test_a_scorer_that_fails_in_the_probe_is_its_failed_rows_and_the_others_rank
     from tests.helpers import byte_tokenizer, tiny_model
 
     model, tokenizer = tiny_model("llama", "sdpa", vocab_size=260), byte_tokenizer()
-    probe, config = probes(5, 1)[0], ProbeConfig(ModelSettings(), 5, 1, True, tmp_path, max_new_tokens=6)
+    probe, config = (
+        probes(5, 1)[0],
+        ProbeConfig(model=ModelSettings(), seed=5, probes=1, reasoning=True, output=tmp_path, max_new_tokens=6),
+    )
     before = probe_rows((model, tokenizer), probe, config)
     scores = History.scores
 

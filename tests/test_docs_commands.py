@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli.main import main
-from evaluation.protocols.protocol import protocols
+from evaluation.protocols.shipped import protocols
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -145,7 +145,15 @@ def test_the_lab_holds_what_the_press_holds_decoding_a_tiny_model(lag):
 def test_a_run_recorded_when_the_lab_knew_correctness_on_arrival_is_not_resumed(tmp_path):
     """A traces run.json without ``rmm_correctness_known`` was made when the replay read each row's correctness on
     its arrival: it stands for "on arrival", so this code refuses to add its rows to that folder (or to pool it)."""
-    config = TracesConfig(ModelSettings(), ["multi_news:0"], 160, [64], False, 0.01, SHARED_DATA, tmp_path)
+    config = TracesConfig(
+        model=ModelSettings(),
+        texts=["multi_news:0"],
+        length=160,
+        budgets=[64],
+        threshold=0.01,
+        data_root=SHARED_DATA,
+        output=tmp_path,
+    )
     defining = tuple(results_defining(config))
     assert "rmm_correctness_known" in defining
     older = {"length": 160, "per_kv_group": False, "threshold": 0.01, "h2o_window": 32, **ModelSettings().record()}

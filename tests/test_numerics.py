@@ -13,7 +13,7 @@ import torch
 
 from evaluation.cli.main import main
 from evaluation.cli.reproduce import TOLERANCES, configured, row_difference
-from evaluation.protocols.protocol import protocols
+from evaluation.protocols.shipped import protocols
 from evaluation.runs.numerics import machine_threads
 from tests.helpers import SHARED_DATA
 from tests.test_longbench_protocol import data_dir, model_dir  # noqa: F401 (fixtures)

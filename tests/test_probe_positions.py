@@ -91,7 +91,15 @@ def test_recency_5_8_puts_both_gold_facts_at_recency_ranks_5_to_8_and_keeps_ever
 
 def test_on_a_tiny_model_recency_ranks_the_recency_5_8_gold_facts_5th_to_8th_and_finds_neither():
     model, tokenizer = tiny_model("llama", "sdpa", vocab_size=260), byte_tokenizer()
-    config = ProbeConfig(ModelSettings(), 7, 2, True, Path("unused"), max_new_tokens=4, gold_positions="recency-5-8")
+    config = ProbeConfig(
+        model=ModelSettings(),
+        seed=7,
+        probes=2,
+        reasoning=True,
+        output=Path("unused"),
+        max_new_tokens=4,
+        gold_positions="recency-5-8",
+    )
     for probe in probes(7, 2, "recency-5-8"):
         rows = probe_rows((model, tokenizer), probe, config)
         recency = [row for row in rows if row["press"] == RECENCY]
@@ -109,7 +117,7 @@ def test_the_placement_defines_the_run_and_an_older_run_stands_for_shuffled(tmp_
     assert "the gold facts at two of the positions 9 to 12 of 16 (recency ranks 5 to 8)" in capsys.readouterr().out
     assert main(["probe", "--gold-positions", "edge", "--dry-run", "--output", str(tmp_path)]) == 2
     assert "invalid choice: 'edge'" in capsys.readouterr().err
-    config = ProbeConfig(ModelSettings(), 0, 400, True, tmp_path)
+    config = ProbeConfig(model=ModelSettings(), seed=0, probes=400, reasoning=True, output=tmp_path)
     defining = tuple(results_defining(config))
     assert "gold_positions" in defining
     older = {"seed": 0, "reasoning": True, "max_new_tokens": 40, **ModelSettings().record()}  # no gold_positions

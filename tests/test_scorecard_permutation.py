@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from evaluation.engine.retention import RETAINED
-from evaluation.protocols.protocol import protocols
+from evaluation.protocols.shipped import protocols
 from evaluation.protocols.streaming.protocol import Streamed
 from evaluation.protocols.streaming.work import ANSWER_HELD
 from evaluation.reporting.conditions import Benchmark

@@ -22,8 +22,10 @@ from evaluation.cli.named_once import named_once
 from evaluation.errors import EvaluationError, refused_write
 from evaluation.protocols.loop import output_line, run
 from evaluation.protocols.options import MAX_RESAMPLES, whole
-from evaluation.protocols.protocol import REFERENCE, Protocol, protocols
+from evaluation.protocols.protocol import REFERENCE, Protocol
+from evaluation.protocols.shipped import protocols
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
+from evaluation.reporting.rescoring import Rescoring
 from evaluation.runs.backends import Backend
 from evaluation.runs.files import COMMITTED_FLAG, refuse_committed
 from evaluation.runs.models import SMOLLM2_ALIAS, ModelSettings
@@ -105,6 +107,8 @@ def model_settings(args: argparse.Namespace) -> ModelSettings:
 
 def run_protocol(args: argparse.Namespace) -> int:
     """A protocol run (or its dry run) from parsed options."""
+    from evaluation.protocols import shipped_work  # noqa: F401 (each protocol's work: torch, KVPress, on a run)
+
     protocol: Protocol = args.protocol
     named_once(args)
     model = model_settings(args)
@@ -159,14 +163,18 @@ def add_scorecard_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_score_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("benchmark", choices=["longbench", "locomo"])
-    parser.add_argument(
-        "file",
-        type=Path,
-        help='JSONL; longbench: {"task", "prediction", "answers", "all_classes"}, '
-        'locomo: {"category", "prediction", "answer"} per line',
-    )
+    """The score command's options: a protocol that rescores (its ``rescoring``) and a file of its predictions."""
+    rescorings = rescoring_protocols()
+    parser.add_argument("benchmark", choices=list(rescorings))
+    lines = ", ".join(f"{name}: {rescoring.fields}" for name, rescoring in rescorings.items())
+    parser.add_argument("file", type=Path, help=f"JSONL; {lines} per line")
     parser.add_argument("--per-row", action="store_true", help='add a "rows" list of per-line scores in file order')
+    parser.set_defaults(rescorings=rescorings)
+
+
+def rescoring_protocols() -> dict[str, Rescoring]:
+    """The rescoring of every protocol whose predictions the score command rescores, by name."""
+    return {name: protocol.rescoring for name, protocol in protocols().items() if protocol.rescoring}
 
 
 def add_reproduce_options(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from evaluation.errors import EvaluationError
 from evaluation.protocols.kvpress.columns import KVPressExample, read_examples
 from evaluation.protocols.kvpress.datasets import kvpress_dataset, load_hub, offline_hint, score_example
 from evaluation.protocols.kvpress.protocol import KVPressConfig, KVPressDatasets
-from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement
 from evaluation.protocols.ruler.generate import ruler_gold
 from evaluation.protocols.single_turn.examples import (
     Gold,
@@ -87,3 +87,18 @@ def write_scorecard(protocol: KVPressDatasets, config: KVPressConfig, rows: list
     appendix = overlap_section(output, rows, REFERENCE, protocol.benchmark)
     title = f"KVPress {config.dataset}: {output.name}"
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix)
+
+
+class KVPressWork(Implementation[KVPressConfig]):
+    def dry_run(self, protocol: KVPressDatasets, config: KVPressConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: KVPressDatasets, config: KVPressConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: KVPressDatasets, config: KVPressConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+KVPRESS_WORK = KVPressWork()
+implement(KVPressDatasets, KVPRESS_WORK)

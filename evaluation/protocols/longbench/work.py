@@ -6,13 +6,14 @@ from dataclasses import replace
 from functools import partial
 
 import pandas as pd
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Cell, budget_label, press_cells
 from evaluation.catalogue.resolved import fetch_notes, resolve_press, resolve_presses
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError
 from evaluation.protocols.longbench import cells
-from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
+from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import (
     CONFIG_FILES,
     TaskConfig,
@@ -25,8 +26,10 @@ from evaluation.protocols.longbench.data import (
 )
 from evaluation.protocols.longbench.degeneracy import degeneracy_lines
 from evaluation.protocols.longbench.protocol import LongBench
-from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.options import PATHS
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement
 from evaluation.protocols.single_turn import cells as single_turn
+from evaluation.protocols.single_turn.cells import Case
 from evaluation.protocols.single_turn.room import check_room
 from evaluation.reporting.conditions import ANSWER_NLL
 from evaluation.reporting.overlap import overlap_section
@@ -167,6 +170,26 @@ def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
     return Plan(units, work, settings, ("data_fingerprint",), summary + (f"; {departure}" if departure else ""))
 
 
+def cases(config: LongBenchConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[Case]:
+    """Each example of the run (the first ``n`` of each task) as its case, cut as a run cuts it. A public entry
+    point, with ``case_rows``: benchmarks/ time a case's cells."""
+    data_dir = resolve_data_dir(config.data_dir, config.tasks)
+    task_configs = load_configs(data_dir, config.tasks)
+    budgets = {task: cells.prompt_budget(config, model, tokenizer, task, task_configs[task]) for task in config.tasks}
+    return [
+        cells.case_of(example, task_configs[task], tokenizer, budgets[task], config.query_aware)
+        for task in config.tasks
+        for example in load_task(data_dir, task, config.n)
+    ]
+
+
+def case_rows(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: LongBenchConfig, case: Case, grid: list[Cell]
+) -> list[dict]:
+    """The rows of ``grid``'s cells of one case on the configuration's path, as a run computes them."""
+    return list(single_turn.run_cells(model, tokenizer, config, case, grid))
+
+
 def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dict]) -> None:
     if not rows:
         return
@@ -195,3 +218,18 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
     )
     title = f"LongBench: {output.name}"
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix, press_contrasts=against)
+
+
+class LongBenchWork(Implementation[LongBenchConfig]):
+    def dry_run(self, protocol: LongBench, config: LongBenchConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: LongBench, config: LongBenchConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: LongBench, config: LongBenchConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+LONGBENCH_WORK = LongBenchWork()
+implement(LongBench, LONGBENCH_WORK)

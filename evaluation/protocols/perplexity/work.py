@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from kvpress.presses.base_press import BasePress
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedModel
 
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label
 from evaluation.catalogue.resolved import ResolvedPress, resolve_press, resolve_presses
@@ -29,7 +29,7 @@ from evaluation.protocols.perplexity.card import write_perplexity_card
 from evaluation.protocols.perplexity.config import BATCHED, CELL_BY_CELL, PerplexityConfig
 from evaluation.protocols.perplexity.protocol import POSITION_WINDOW, Perplexity, PerplexityRow
 from evaluation.protocols.perplexity.stream import base_press, decoding_press, pieces, streamed_nll
-from evaluation.protocols.protocol import Plan
+from evaluation.protocols.protocol import Implementation, Plan, implement
 from evaluation.protocols.texts import source_file, source_text, text_tokens
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import resolve_model_path, what_loading_fetches
@@ -256,7 +256,24 @@ def cell_press(cell: Cell, config: PerplexityConfig) -> BasePress | None:
     """The ``DecodingPress`` a cell streams under (None: the full cache)."""
     if cell.budget is None:
         return None
-    return decoding_press(base_press(resolve_press(cell.press), config.chunk)[0], int(cell.budget.value))
+    return budget_press(cell.press, config.chunk, int(cell.budget.value))
+
+
+def budget_press(spec: str, chunk: int, budget: int) -> BasePress:
+    """The ``DecodingPress`` of the press ``spec`` holding ``budget`` tokens, evicting every ``chunk`` tokens."""
+    return decoding_press(base_press(resolve_press(spec), chunk)[0], budget)
+
+
+def streamed_presses(
+    model: PreTrainedModel, ids: torch.Tensor, specs: list[str], budget: int, chunk: int, batched: bool
+) -> torch.Tensor:
+    """Each press of ``specs`` at ``budget`` tokens streaming the texts ``ids`` (texts, length): its NLL of every
+    token after the first (presses, texts, length - 1), all in one batch (``batched_nll``, a run's default) or each
+    as a batch of its own (``--cells-one-at-a-time``). A public entry point: benchmarks/streaming.py times both."""
+    presses = [budget_press(spec, chunk, budget) for spec in specs]
+    if batched:
+        return torch.stack(batched_nll(model, ids, presses, chunk))
+    return torch.stack([streamed_nll(model, ids, press, chunk) for press in presses])
 
 
 def append_rows(
@@ -297,3 +314,18 @@ def write_scorecard(protocol: Perplexity, config: PerplexityConfig, rows: list[d
         write_perplexity_card(
             protocol.benchmark, config.output, rows, config.presses, labels, config.form, POSITION_WINDOW
         )
+
+
+class PerplexityWork(Implementation[PerplexityConfig]):
+    def dry_run(self, protocol: Perplexity, config: PerplexityConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Perplexity, config: PerplexityConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Perplexity, config: PerplexityConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+PERPLEXITY_WORK = PerplexityWork()
+implement(Perplexity, PERPLEXITY_WORK)

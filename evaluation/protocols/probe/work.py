@@ -12,6 +12,7 @@ from evaluation.engine.decoding import answer_ids_of, decode, eos_ids, force
 from evaluation.engine.history import History
 from evaluation.engine.hooks import cache_of
 from evaluation.errors import EvaluationError, PressCannotRun, first_line, press_cell
+from evaluation.metrics.synthetic import string_match
 from evaluation.protocols.probe.facts import FACTS, PLACEMENT_TEXTS, PLACEMENTS, Probe, gold_answer, probes
 from evaluation.protocols.probe.positions import position_section
 from evaluation.protocols.probe.prompt import final_answer, prompt_ids
@@ -30,8 +31,7 @@ from evaluation.protocols.probe.protocol import (
     top_label,
 )
 from evaluation.protocols.probe.ranking import KS, both_in_top, fact_scores, gold_ranks, recency_scores
-from evaluation.protocols.protocol import REFERENCE, Plan, lacks
-from evaluation.protocols.synthetic.task import string_match
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement, lacks
 from evaluation.reporting.scorecard import scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
@@ -217,3 +217,18 @@ def write_scorecard(protocol: Probes, config: ProbeConfig, rows: list[dict]) -> 
     output = config.output
     appendix = position_section(rows, list(SCORERS), labels)
     write_card(output, summary, f"Probe: {output.name}", note, REFERENCE, list(SCORERS), labels, appendix)
+
+
+class ProbeWork(Implementation[ProbeConfig]):
+    def dry_run(self, protocol: Probes, config: ProbeConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Probes, config: ProbeConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Probes, config: ProbeConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+PROBE_WORK = ProbeWork()
+implement(Probes, PROBE_WORK)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from evaluation.errors import EvaluationError
 from evaluation.protocols.kvpress.columns import KVPressExample
 from evaluation.protocols.kvpress.datasets import score_example
-from evaluation.protocols.protocol import Plan
+from evaluation.protocols.protocol import Implementation, Plan, implement
 from evaluation.protocols.ruler.card import write_needle_scorecard
 from evaluation.protocols.ruler.needle import MAX_NEW_TOKENS, needle_examples
 from evaluation.protocols.ruler.protocol import Needle, NeedleConfig
@@ -57,3 +57,18 @@ def plan(protocol: Needle, config: NeedleConfig) -> Plan:
 def write_scorecard(protocol: Needle, config: NeedleConfig, rows: list[dict]) -> None:
     if rows:
         write_needle_scorecard(protocol.benchmark, config, rows)
+
+
+class NeedleWork(Implementation[NeedleConfig]):
+    def dry_run(self, protocol: Needle, config: NeedleConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Needle, config: NeedleConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Needle, config: NeedleConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+NEEDLE_WORK = NeedleWork()
+implement(Needle, NEEDLE_WORK)

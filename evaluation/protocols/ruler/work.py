@@ -7,7 +7,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from evaluation.metrics.ruler import score
 from evaluation.protocols.kvpress.columns import KVPressExample
-from evaluation.protocols.protocol import Plan
+from evaluation.protocols.protocol import Implementation, Plan, implement
 from evaluation.protocols.ruler.card import write_ruler_scorecard
 from evaluation.protocols.ruler.generate import generate, ruler_gold
 from evaluation.protocols.ruler.protocol import Ruler, RulerConfig
@@ -72,3 +72,18 @@ def plan(protocol: Ruler, config: RulerConfig) -> Plan:
 def write_scorecard(protocol: Ruler, config: RulerConfig, rows: list[dict]) -> None:
     if rows:
         write_ruler_scorecard(protocol.benchmark, config, rows)
+
+
+class RulerWork(Implementation[RulerConfig]):
+    def dry_run(self, protocol: Ruler, config: RulerConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Ruler, config: RulerConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Ruler, config: RulerConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+RULER_WORK = RulerWork()
+implement(Ruler, RULER_WORK)

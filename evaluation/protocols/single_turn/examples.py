@@ -17,15 +17,18 @@ from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError
 from evaluation.protocols.kvpress.columns import KVPressExample, export_parquet
 from evaluation.protocols.kvpress.prompt import after_context, build_prompt
+from evaluation.protocols.options import PATHS
 from evaluation.protocols.protocol import Plan
 from evaluation.protocols.single_turn.cells import Case, Cell, cell_key, path_record, run_case
-from evaluation.protocols.single_turn.config import PATHS, SingleTurnConfig
+from evaluation.protocols.single_turn.config import SingleTurnConfig
 from evaluation.protocols.single_turn.room import Room, check_room
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length, local_model, what_loading_fetches
 from evaluation.runs.store import ResultStore
 
-BUDGET_OPTIONS = "--ratios or --budgets"  # the budget options of every single-turn protocol (add_budget_options)
+BUDGET_OPTIONS = (
+    "--ratios or --budgets"  # the budget options of every single-turn protocol (options.ratio_or_token_budgets)
+)
 Scorer = Callable[..., float]  # scorer(prediction, example=...): a prediction's score by its benchmark's rule
 
 

@@ -12,7 +12,7 @@ from evaluation.catalogue.budgets import OVER_THE_CONTEXT, Cell, budget_label, p
 from evaluation.catalogue.resolved import fetch_notes, resolve_press, resolve_presses
 from evaluation.engine.retention import RETAINED
 from evaluation.errors import EvaluationError
-from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement
 from evaluation.protocols.streaming import conversation as streamed
 from evaluation.protocols.streaming.config import PLACEMENTS, StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question
@@ -218,3 +218,21 @@ def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) 
     contrasts = contrast_table(benchmark, rows)
     appendix = overlap_section(output, rows, REFERENCE, task.benchmark)
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix, contrasts)
+
+
+class StreamWork(Implementation[StreamConfig]):
+    def dry_run(self, protocol: Streamed, config: StreamConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Streamed, config: StreamConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Streamed, config: StreamConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+    def steps(self, protocol: Streamed, config: StreamConfig, unit: Unit) -> list[frozenset]:
+        return steps(protocol, config, unit)
+
+
+STREAM_WORK = StreamWork()
+implement(Streamed, STREAM_WORK)

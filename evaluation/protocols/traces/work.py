@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Budget
 from evaluation.errors import EvaluationError
-from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement
 from evaluation.protocols.texts import source_file, source_text
 from evaluation.protocols.traces import controlled
 from evaluation.protocols.traces.policies import (
@@ -221,3 +221,21 @@ def write_scorecard(protocol: Traces, config: TracesConfig, rows: list[dict]) ->
     write_card(output, summary, f"Traces: {output.name}", note, REFERENCE, policies, labels, appendix)
     plot_lag_sweep(output / "lag_sweep.png", summary, labels)
     controlled.run(output)
+
+
+class TracesWork(Implementation[TracesConfig]):
+    def dry_run(self, protocol: Traces, config: TracesConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Traces, config: TracesConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Traces, config: TracesConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+    def steps(self, protocol: Traces, config: TracesConfig, unit: Unit) -> list[frozenset]:
+        return steps(config, unit)
+
+
+TRACES_WORK = TracesWork()
+implement(Traces, TRACES_WORK)
