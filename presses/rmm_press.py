@@ -14,6 +14,7 @@ from presses.attention import (
     DEFAULT_CHUNK_SIZE,
     attention_rows,
     group_mean,
+    host_values,
     is_prefilling,
     newest_host_positions,
     recomputed_keys,
@@ -23,8 +24,24 @@ from presses.column_sums import ColumnSums
 from presses.fused_attention import fused_column_sums
 from presses.ordered_scorer_press import OrderedScorerPress, check_compression_ratio, gather_kept, kept_indices
 from presses.prefix import replay, token_ids_of
+from presses.random_weights import RandomControl, check_seed
 from presses.smoother import UNKNOWN, Smoother, key_marks
 from presses.teacher_forcing import FROM_PREDICTIONS, Transcript, checked_correctness, language_model
+
+
+def newest_position(positions: torch.Tensor, held: list[int] | None) -> int:
+    """The newest of ``positions`` (batch, n_rows); from ``held``, the first sequence's on the host, when it is the
+    only sequence."""
+    return int(positions.max()) if held is None or positions.shape[0] > 1 else max(held)
+
+
+def prefill_block(kwargs: dict, batch: int, held: list[int]) -> tuple[int, ...]:
+    """The random control's block of each sequence a prefill starts: its positions before the prefill's last row
+    (``held``: the first sequence's positions of the rows, on the host)."""
+    positions = kwargs.get("position_ids")
+    if positions is None or positions.shape[0] == 1:
+        return (held[-1],) * batch
+    return tuple(row[-1] for row in host_values(positions))
 
 
 @dataclass
@@ -36,11 +53,12 @@ class RMMPress(OrderedScorerPress):
     A cached position k has demonstrated utility (Eq. 1) DU_H(k) = sum over rows t in (t_k, t_k + H] of
     w(t) a(t -> k), averaged over the query heads of its KV group; w(t) is 1 if the model's top-1 prediction
     at t is the token t + 1 (teacher forcing), else 0, or, with no gold token, the probability the model gives
-    that prediction (``confidence``, a deployment proxy). The H newest positions are the provisional buffer, never
-    evicted; the rest of the budget keeps the committed positions of highest utility, and a newcomer must
-    outrank an incumbent. ``lag=None`` is the paper's benchmark scorer, KVPress's H2O score with a weight per
-    row, which with uniform weights keeps exactly what ``ObservedAttentionPress`` keeps. One smoother per layer
-    follows the cache through prefill and decoding, whoever evicts (docs/presses.md).
+    that prediction (``confidence``, a deployment proxy); ``random`` is the control that weighs as many rows 1 as
+    are correct, chosen at random by ``seed`` (``presses.random_weights``). The H newest positions are the
+    provisional buffer, never evicted; the rest of the budget keeps the committed positions of highest utility,
+    and a newcomer must outrank an incumbent. ``lag=None`` is the paper's benchmark scorer, KVPress's H2O score
+    with a weight per row, which with uniform weights keeps exactly what ``ObservedAttentionPress`` keeps. One
+    smoother per layer follows the cache through prefill and decoding, whoever evicts (docs/presses.md).
 
     A prefill's score reads the attention only through the column sums of ``statistic``: whoever computed them
     already (its own fused prefill, a caller's shared prefill) hands them over with ``hand_column_sums`` before
@@ -52,12 +70,15 @@ class RMMPress(OrderedScorerPress):
         Fraction of the cache to evict, in [0, 1).
     lag : int or None, default=None
         The commit lag H >= 0, or None for the H2O-class scorer without a buffer.
-    correctness : "teacher_forced", "confidence", "uniform", or per-position weights, default="teacher_forced"
-        w(t): teacher-forced, top-1 probability, all ones, or one per absolute position ((length,) or (batch, length)).
+    correctness : "teacher_forced", "confidence", "uniform", "random", or per-position weights, default="teacher_forced"
+        w(t): teacher-forced, top-1 probability, all ones, the random control at the correct share, or one per
+        absolute position ((length,) or (batch, length)).
     chunk_size : int, default=64
         Query rows per chunk when attention rows are recomputed.
     fused_attention : bool, default=False
         Under sdpa, the prefill's attention output and its sums from one chunked pass (uniform or supplied weights).
+    seed : int, default=0
+        The draws of ``correctness="random"``, in [0, 2**32); another value with another mode is refused.
     """
 
     compression_ratio: float = 0.0
@@ -65,6 +86,7 @@ class RMMPress(OrderedScorerPress):
     correctness: str | torch.Tensor | Sequence[float] = "teacher_forced"
     chunk_size: int = DEFAULT_CHUNK_SIZE
     fused_attention: bool = False
+    seed: int = 0
 
     _smoothers: dict[int, Smoother] = field(default_factory=dict, init=False, repr=False, compare=False)
     _caches: dict[int, weakref.ref] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -72,6 +94,7 @@ class RMMPress(OrderedScorerPress):
     _model: PreTrainedModel | None = field(default=None, init=False, repr=False, compare=False)
     _prefix: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _handed: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _random: RandomControl = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -88,6 +111,18 @@ class RMMPress(OrderedScorerPress):
                 "fused_attention=False"
             )
         self.correctness = checked_correctness(self.correctness)
+        check_seed(self.seed)
+        if self.seed and not self.random:
+            raise ValueError(
+                f"seed draws the weights of correctness='random'; with correctness={self.correctness!r} it changes "
+                "nothing: leave it out"
+            )
+        self._random = RandomControl(self.seed)
+
+    @property
+    def random(self) -> bool:
+        """Whether w(t) is the random control (``correctness="random"``)."""
+        return isinstance(self.correctness, str) and self.correctness == "random"
 
     @property
     def from_predictions(self) -> bool:
@@ -97,7 +132,9 @@ class RMMPress(OrderedScorerPress):
     @property
     def statistic(self) -> ColumnSums:
         """The column sums of the prefill's attention that this press's prefill score reads."""
-        return ColumnSums(self.lag, self.correctness if isinstance(self.correctness, str) else "supplied")
+        if not isinstance(self.correctness, str):
+            return ColumnSums(self.lag, "supplied")
+        return ColumnSums(self.lag, self.correctness, self.seed if self.random else None)
 
     def hand_column_sums(self, layer_idx: int, sums: torch.Tensor | None) -> None:
         """Hand the press the column sums of ``statistic`` (batch, num_heads, k_len) over a prefill of the layer
@@ -152,6 +189,7 @@ class RMMPress(OrderedScorerPress):
         if prefilling and (smoother is None or smoother.source() is not rows):  # a new forward: observe it whole
             full = keys if k_len == n_rows else recomputed_keys(module, rows, kwargs)
             smoother = Smoother.start(self.lag, positions[:, None].expand(-1, num_kv_heads, -1), key_marks(full))
+            self._random.start(prefill_block(kwargs, batch, held))
             self._observe_rows(module, smoother, rows, full, attentions, kwargs, positions, held, True)
             smoother.source = weakref.ref(rows)
         elif smoother is None:  # a cache met for the first time while decoding
@@ -193,7 +231,8 @@ class RMMPress(OrderedScorerPress):
     ) -> None:
         """Observe the rows of ``hidden_states`` at ``positions`` that ``smoother`` has not seen yet; ``held``: the
         first sequence's positions of those rows, on the host."""
-        smoother.revise(self._transcript.confirmation(self.correctness), self._settled_at)
+        confirmation = self._random.confirm(self._transcript) if self.random else None
+        smoother.revise(confirmation or self._transcript.confirmation(self.correctness), self._settled_at)
         sums = self._handed_sums(module.layer_idx, keys.shape[2]) if prefilling and attentions is None else None
         if sums is not None:
             smoother.set_sums(group_mean(sums.float(), keys.shape[1]))
@@ -234,6 +273,7 @@ class RMMPress(OrderedScorerPress):
             ids = token_ids_of(self._model, cache.layers[0].values[:, :, :first])
             captured, hidden = replay(self._model, ids)
             self._transcript.store(self._model, ids, hidden)
+            self._random.start((first - 1,) * keys.shape[0])
             self._prefix = {"cache": cache, "captured": captured}
         hidden, rotary = self._prefix["captured"].pop(module.layer_idx)
         rows = torch.arange(first, device=keys.device).expand(keys.shape[0], -1)
@@ -247,7 +287,7 @@ class RMMPress(OrderedScorerPress):
         rows whose prediction (or next token) is not known yet count as correct until ``Smoother.revise``.
         ``held``: the first sequence's positions on the host, which spare waits for the device where they tell."""
         if isinstance(self.correctness, torch.Tensor):
-            newest = int(positions.max()) if held is None or positions.shape[0] > 1 else max(held)
+            newest = newest_position(positions, held)
             if newest >= self.correctness.shape[-1]:
                 raise ValueError(
                     f"RMMPress has {self.correctness.shape[-1]} per-position weights but the cache reaches position "
@@ -257,7 +297,11 @@ class RMMPress(OrderedScorerPress):
             return weights.gather(1, positions), []
         if self.from_predictions and prefilling:
             self._transcript.predict(self._model, positions, self.correctness)
-        known = self._transcript.weights(positions, self.correctness, held) if self.from_predictions else None
+        if self.random and self._transcript.knows_tokens(positions):
+            return self._random.weights(self._transcript, positions, newest_position(positions, held))
+        known = None
+        if self.from_predictions and not self.random:
+            known = self._transcript.weights(positions, self.correctness, held)
         if self.from_predictions and known is None:
             warnings.warn(
                 f"RMMPress(correctness={self.correctness!r}) cannot see the token ids (the model ran on inputs_embeds, "
@@ -269,7 +313,9 @@ class RMMPress(OrderedScorerPress):
     def _settled_at(self, position: int) -> bool | None:
         """Whether the weight of the row at ``position`` is known, from the transcript's host record (None: ask the
         device)."""
-        return self._transcript.settled_at(position, self.correctness) if self.from_predictions else None
+        if not self.from_predictions or self.random:
+            return None
+        return self._transcript.settled_at(position, self.correctness)
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Record the token ids and predictions of what the model runs, under this press or a wrapper's hooks;
@@ -284,6 +330,7 @@ class RMMPress(OrderedScorerPress):
     def __call__(self, model: PreTrainedModel) -> Iterator[None]:
         self._smoothers, self._caches, self._prefix = {}, {}, {}
         self._transcript.clear()
+        self._random.clear()
         weights = self.correctness if isinstance(self.correctness, torch.Tensor) else None
         fused = (
             fused_column_sums(model, language_model(model).layers, self, weights, self.chunk_size)

@@ -25,8 +25,8 @@ from presses.smoother import Confirmation
 from presses.wrapped import every_press
 
 LOGIT_CHUNK_SIZE = 512
-CORRECTNESS_MODES = ("teacher_forced", "confidence", "uniform")
-FROM_PREDICTIONS = ("teacher_forced", "confidence")  # the modes whose weights a ``Transcript`` records
+CORRECTNESS_MODES = ("teacher_forced", "confidence", "uniform", "random")
+FROM_PREDICTIONS = ("teacher_forced", "confidence", "random")  # the modes whose weights a ``Transcript`` records
 
 
 def checked_correctness(correctness: str | torch.Tensor | Sequence[float]) -> str | torch.Tensor:
@@ -340,6 +340,13 @@ class Transcript(WrapperBound):
         recorded = _read(self.tokens, positions) >= 0
         correct = torch.where(recorded, (predicted == following).float(), 1.0)
         return correct, ~recorded | ((predicted >= 0) & (following >= 0))
+
+    def correctness_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per sequence, over positions 0..length-1: ``confirm``'s correctness and whether it is settled, and whether
+        a token was recorded there (a row whose weight is its correctness): (batch, length) each."""
+        positions = torch.arange(length, device=self.tokens.device).expand(self.tokens.shape[0], -1)
+        correct, settled = self.confirm(positions)
+        return correct, settled, _read(self.tokens, positions) >= 0
 
     def confident_weights(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per (batch, position) at ``positions`` (batch, k): the probability of the top-1 prediction at p; and
