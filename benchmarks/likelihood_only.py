@@ -31,7 +31,7 @@ COMMITTED = ["full", "snapkv", "h2o", "streaming_llm", "tova", "rmm", "rmm(lag=6
 def timed(model, tokenizer, config, case, cells) -> tuple[float, int, list[float]]:
     """One example's cells on the shared path: seconds, decoder forwards, each cell's answer NLL."""
     from evaluation.protocols.single_turn.cells import run_shared
-    from presses.teacher_forcing import language_model
+    from presses.harness import language_model
 
     calls = []
     hook = language_model(model).register_forward_pre_hook(lambda module, args: calls.append(1))

@@ -69,7 +69,7 @@ def rule(correct: list[float | None], block: int, seed: int) -> list[float]:
 def scores(model, ids: torch.Tensor, press: RMMPress) -> list[torch.Tensor]:
     with torch.no_grad(), press(model):
         model(input_ids=ids)
-    return [press._smoothers[layer].scores() for layer in range(len(model.model.layers))]
+    return [press._follower.smoothers[layer].scores() for layer in range(len(model.model.layers))]
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,21 @@ from evaluation.catalogue.needs import Needs, combined, needs
 from evaluation.catalogue.registry import ALL, SHARED
 from evaluation.engine.fused_rows import fused_rows
 from evaluation.engine.hooks import Compressed, cache_of, no_new_hooks, run_hook, run_score
-from presses.attention import DEFAULT_CHUNK_SIZE, attention_rows, group_mean, sliding_window
-from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
-from presses.prefix import forward_capturing
-from presses.random_weights import random_weights
-from presses.teacher_forcing import FROM_PREDICTIONS, language_model, top1_confidence, top1_predictions
+from presses.harness import (
+    DEFAULT_CHUNK_SIZE,
+    FROM_PREDICTIONS,
+    H2O_SUMS,
+    ColumnSums,
+    add_column_sums,
+    attention_rows,
+    forward_capturing,
+    group_mean,
+    language_model,
+    random_weights,
+    sliding_window,
+    top1_confidence,
+    top1_predictions,
+)
 
 EXTEND_CHUNK = 8192  # tokens per forward: a forward captures every layer's input for its tokens
 # new rows x keys up to which an extension of a cache keeps its forward's attention rows (``fused_rows``: every

@@ -27,8 +27,7 @@ from evaluation.catalogue.needs import needs
 from evaluation.catalogue.registry import SHARED
 from evaluation.catalogue.resolved import ResolvedPress
 from evaluation.errors import EvaluationError
-from presses import RMMPress
-from presses.ordered_scorer_press import OrderedScorerPress
+from presses.harness import OrderedScorerPress, RMMPress
 
 H2O_RULE = "rmm(correctness='uniform')"  # H2O's accumulated attention, streamed (docs/perplexity.md)
 
