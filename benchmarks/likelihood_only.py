@@ -24,7 +24,7 @@ from report import write_report
 
 from evaluation.protocols.longbench.work import case_rows
 from evaluation.runs.data_location import shared_data
-from presses.teacher_forcing import language_model
+from presses.harness import language_model
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ["full", "snapkv", "h2o", "streaming_llm", "tova", "rmm", "rmm(lag=64)"]  # make eval-longbench-committed

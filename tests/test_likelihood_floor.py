@@ -15,7 +15,7 @@ from evaluation.protocols.longbench.cells import case_of
 from evaluation.protocols.longbench.data import load_configs, load_task
 from evaluation.protocols.single_turn import cells
 from evaluation.runs.models import ModelSettings
-from presses.teacher_forcing import language_model
+from presses.model_hooks import language_model
 from tests.test_longbench_protocol import data_dir, model_dir  # noqa: F401 (fixtures)
 
 PRESSES = ["full", "snapkv", "streaming_llm", "h2o", "tova", "rmm", "rmm(lag=8)", "knorm", "random"]

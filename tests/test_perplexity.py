@@ -226,7 +226,7 @@ def cell_by_cell_and_batched(model, ids, specs: list[str], budget: int, chunk: i
     return reference, batched_nll(model, ids, presses, chunk)
 
 
-STREAMED = ["streaming_llm", "tova", "h2o", "rmm", "rmm(lag=4)", "knorm"]
+STREAMED = ["streaming_llm", "tova", "h2o", "rmm", "rmm(lag=4)", "rmm(correctness='random')", "knorm"]
 
 
 @pytest.mark.parametrize(("arch", "chunk", "tokens"), [("llama", 1, 253), ("qwen2", 5, 253), ("qwen2", 1, 4)])

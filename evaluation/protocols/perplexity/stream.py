@@ -27,8 +27,7 @@ from evaluation.catalogue.needs import needs
 from evaluation.catalogue.registry import SHARED
 from evaluation.catalogue.resolved import ResolvedPress
 from evaluation.errors import EvaluationError
-from presses import RMMPress
-from presses.ordered_scorer_press import OrderedScorerPress, kept_indices
+from presses.harness import OrderedScorerPress, RMMPress, kept_indices
 
 H2O_RULE = "rmm(correctness='uniform')"  # H2O's accumulated attention, streamed (docs/perplexity.md)
 ROUNDING_TIES = 8 * torch.finfo(torch.float32).eps  # relative: float32 scores this close tie (docs/perplexity.md)

@@ -36,7 +36,7 @@ from evaluation.reporting.scorecard import scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
 from evaluation.runs.store import ResultStore
-from presses import RMMPress, TOVAPress
+from presses.harness import RMMPress, TOVAPress
 
 
 def answer(model: PreTrainedModel, history, stop_ids: set[int], max_new_tokens: int) -> tuple[list[int], list[float]]:

@@ -30,7 +30,7 @@ from evaluation.protocols.protocol import LIKELIHOOD, REFERENCE, lacks
 from evaluation.runs.models import ModelSettings
 from evaluation.runs.progress import active
 from evaluation.runs.store import ResultStore
-from presses.attention import attention_implementation
+from presses.harness import attention_implementation
 
 Cell = tuple[str, Budget | None]  # one press, one budget
 

@@ -44,7 +44,7 @@ from evaluation.protocols.streaming.task import StreamTask
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
-from presses.attention import attention_implementation
+from presses.harness import attention_implementation
 
 
 def cell_key(conversation: Conversation, question: Question, cell: Cell) -> tuple[str, int, str, str]:

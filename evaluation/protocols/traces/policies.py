@@ -40,8 +40,7 @@ from evaluation.catalogue.needs import Protected, budget_refusal, needs, protect
 from evaluation.catalogue.resolved import resolve_press
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.protocols.traces.streamed import StreamedPress
-from presses import RMMPress, TOVAPress
-from presses.smoother import MARK_DIMS, Smoother
+from presses.harness import MARK_DIMS, RMMPress, Smoother, TOVAPress
 
 LAG_SWEEP = (0, 1, 4, 16, 64, 256)
 PROTECTED = torch.finfo(torch.float32).max  # +inf scores (never evict) stay above every unheld position

@@ -20,9 +20,7 @@ from evaluation.errors import EvaluationError
 from evaluation.protocols.texts import source_text, text_tokens
 from evaluation.runs.files import replaced
 from evaluation.runs.models import cache_root
-from presses.attention import attention_rows, group_mean
-from presses.prefix import forward_capturing
-from presses.teacher_forcing import teacher_forced_correctness
+from presses.harness import attention_rows, forward_capturing, group_mean, teacher_forced_correctness
 
 
 @dataclass
