@@ -104,7 +104,9 @@ def multi_news_grid(presses: list[str], n: int, data: Path, max_length: int | No
 
 
 def shared_against_per_cell(args: argparse.Namespace) -> dict:
-    from evaluation.protocols.single_turn.cells import run_cell, run_shared
+    from dataclasses import replace
+
+    from evaluation.protocols.single_turn.cells import run_cells
 
     model, tokenizer, config, cells, examples = multi_news_grid(args.presses, args.n, args.data)
     report: dict = {"presses": args.presses, "cells": len(cells), "examples": []}
@@ -113,9 +115,9 @@ def shared_against_per_cell(args: argparse.Namespace) -> dict:
         for path in ("shared", "per-cell") if index % 2 == 0 else ("per-cell", "shared"):
             start = time.perf_counter()
             if path == "shared":
-                rows = run_shared(model, tokenizer, config, example, cells)
+                rows = list(run_cells(model, tokenizer, config, example, cells))
             else:
-                rows = [run_cell(model, tokenizer, config, example, *cell) for cell in cells]
+                rows = list(run_cells(model, tokenizer, replace(config, path="per-cell"), example, cells))
             seconds[path] = time.perf_counter() - start
             predictions[path] = [row["prediction"] for row in rows]
             print(f"{example.id}: {path} {seconds[path]:.1f} s", flush=True)

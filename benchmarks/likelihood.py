@@ -42,7 +42,7 @@ def main() -> None:
 
 
 def with_and_without(args: argparse.Namespace) -> dict:
-    from evaluation.protocols.single_turn.cells import run_shared
+    from evaluation.protocols.single_turn.cells import run_cells
 
     model, tokenizer, config, cells, examples = multi_news_grid(args.presses, args.n, args.data, args.max_length)
     report: dict = {"presses": args.presses, "cells": len(cells), "examples": []}
@@ -51,7 +51,7 @@ def with_and_without(args: argparse.Namespace) -> dict:
         for forced in (True, False) if index % 2 == 0 else (False, True):
             run = example if forced else replace(example, gold=None)
             start = time.perf_counter()
-            rows = run_shared(model, tokenizer, config, run, cells)
+            rows = list(run_cells(model, tokenizer, config, run, cells))
             seconds[forced] = time.perf_counter() - start
             predictions[forced] = [row["prediction"] for row in rows]
             tokens[forced] = [row.get("answer_tokens") for row in rows]

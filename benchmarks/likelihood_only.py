@@ -30,14 +30,14 @@ COMMITTED = ["full", "snapkv", "h2o", "streaming_llm", "tova", "rmm", "rmm(lag=6
 
 def timed(model, tokenizer, config, case, cells) -> tuple[float, int, list[float]]:
     """One example's cells on the shared path: seconds, decoder forwards, each cell's answer NLL."""
-    from evaluation.protocols.single_turn.cells import run_shared
+    from evaluation.protocols.single_turn.cells import run_cells
     from presses.teacher_forcing import language_model
 
     calls = []
     hook = language_model(model).register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         start = time.perf_counter()
-        rows = run_shared(model, tokenizer, config, case, cells)
+        rows = list(run_cells(model, tokenizer, config, case, cells))
         seconds = time.perf_counter() - start
     finally:
         hook.remove()

@@ -91,7 +91,7 @@ def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
 
 def longbench_decoding(args: argparse.Namespace, model, tokenizer) -> dict:
     from evaluation.catalogue.budgets import Budget, press_cells, ratio_for
-    from evaluation.catalogue.resolved import make_press, resolve_presses
+    from evaluation.catalogue.resolved import resolve_presses
     from evaluation.engine.decoding import decode, decode_batch
     from evaluation.engine.history import History
     from evaluation.protocols.longbench.data import load_configs, load_task
@@ -102,7 +102,7 @@ def longbench_decoding(args: argparse.Namespace, model, tokenizer) -> dict:
     prompt = build_prompt(example, task, tokenizer, args.max_length, query_aware=False)
     length = prompt.context_ids.shape[1]
     cells = press_cells(resolve_presses(args.presses), [Budget("ratio", 0.5), Budget("ratio", 0.75)], "")
-    presses = [make_press(name, ratio_for(budget, length)) for name, budget in cells]
+    presses = [cell.press.build(ratio_for(cell.budget, length)) for cell in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
     caches = [history.compress(press) for press in presses]
