@@ -98,7 +98,7 @@ def multi_news_grid(presses: list[str], n: int, data: Path, max_length: int | No
     )
     task = load_configs(data, config.tasks)["multi_news"]
     cells = press_cells(resolve_presses(config.presses), config.budgets, "")
-    budget = prompt_budget(config, model, tokenizer, task)
+    budget = prompt_budget(config, model, tokenizer, "multi_news", task)
     examples = [case_of(example, task, tokenizer, budget, False) for example in load_task(data, "multi_news", n)]
     return model, tokenizer, config, cells, examples
 

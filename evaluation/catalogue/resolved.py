@@ -14,6 +14,7 @@ them, so that no process resolves a spec again and nothing is remembered per pro
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ from evaluation.catalogue.specs import FULL_CACHE, PressCall, canonical, import_
 from evaluation.errors import EvaluationError, first_line
 
 CHECKED_RATIO = 0.5  # the compression ratio a spec's press is built at when it is resolved
+BUDGET_SETS = "compression_ratio"  # a press parameter a run's budget sets (``set_ratio``), never its press specs
 DESCRIPTIONS = {
     SHARED: "shared prefill: its own hook on the stored inputs",
     OWN_PREFILL: "its own prefill",
@@ -96,6 +98,19 @@ def _blueprint(value: object, spec: str, allow_import: bool, dry_run: bool) -> o
         return Pending(value.name)
     check_arguments(cls, _as_checked(args), {name: _as_checked(item) for name, item in kwargs.items()}, spec)
     return Blueprint(cls, args, kwargs)
+
+
+def _sets_ratio(value: object) -> bool:
+    """Whether a blueprint, or a press it holds, is given ``BUDGET_SETS`` (by name or by position)."""
+    if isinstance(value, (list, tuple)):
+        return any(map(_sets_ratio, value))
+    if not isinstance(value, Blueprint):
+        return False
+    try:
+        given = inspect.signature(value.cls).bind_partial(*value.args, **value.kwargs).arguments
+    except (TypeError, ValueError):  # arguments its constructor refuses, in its own words, when it is built
+        given = {}
+    return BUDGET_SETS in given or _sets_ratio(value.args) or _sets_ratio(list(value.kwargs.values()))
 
 
 def _as_checked(value: object) -> object:
@@ -212,8 +227,9 @@ def resolve_presses(
     Raises
     ------
     EvaluationError
-        One line, for a spec that is not a press, an import path not allowed, a press these protocols cannot run,
-        one whose files do not exist for ``model``, or two specs that build the same press.
+        One line, for a spec that is not a press, an import path not allowed, a spec that sets the compression
+        ratio a run's budget sets, a press these protocols cannot run, one whose files do not exist for ``model``,
+        or two specs that build the same press.
     """
     resolved = []
     for spec in specs:
@@ -221,6 +237,12 @@ def resolve_presses(
         if refusal:
             raise EvaluationError(f"press spec {spec!r}: {refusal}")
         press = resolve_press(spec, allow_import, dry_run)
+        if _sets_ratio(press.blueprint):
+            raise EvaluationError(
+                f"press spec {press.label!r}: {BUDGET_SETS} is the budget's to set (a run sets it per cell from "
+                "--ratios or --budgets, as KVPress's evaluation does, or holds its budget in tokens), so the spec's "
+                "would not be the one run: leave it out"
+            )
         if press.needs.path == REFUSED:
             raise EvaluationError(f"press spec {press.label!r}: {press.needs.refusal}")
         why = press.missing_for(model) if model is not None and not dry_run else ""
@@ -232,15 +254,32 @@ def resolve_presses(
 
 
 def refuse_same_press(presses: list[ResolvedPress]) -> None:
-    """Two names of one press (``knorm`` and ``KnormPress``: one class with the same parameters) are an error: a
-    press is tallied once, under one name."""
-    for index, press in enumerate(presses):
-        for other in presses[:index]:
-            if press.blueprint is not None and other.label != press.label and other.blueprint == press.blueprint:
+    """Two names of one press (``knorm`` and ``KnormPress``, ``snapkv`` and ``snapkv(window_size=64)`` where 64 is
+    its default, ``adakv(snapkv)`` and ``adakv(press=snapkv)``: one class with the same parameters) are an error:
+    a press is tallied once, under one name."""
+    built = [(p.label, p.blueprint.cls.__name__, _identity(p.blueprint)) for p in presses if p.blueprint is not None]
+    for index, (label, name, identity) in enumerate(built):
+        for other, _, other_identity in built[:index]:
+            if other != label and other_identity == identity:
                 raise EvaluationError(
-                    f"press specs {other.label!r} and {press.label!r} build the same press "
-                    f"({press.blueprint.cls.__name__} with the same parameters): give it once, under one name"
+                    f"press specs {other!r} and {label!r} build the same press ({name} with the same parameters, "
+                    "defaults included): give it once, under one name"
                 )
+
+
+def _identity(value: object) -> object:
+    """What a blueprint builds, comparable with ``==``: its class and every argument by name, defaults included
+    (``inspect.Signature.bind``), a press among them by its own identity."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_identity(item) for item in value)
+    if not isinstance(value, Blueprint):
+        return value
+    try:
+        bound = inspect.signature(value.cls).bind(*value.args, **value.kwargs)
+    except (TypeError, ValueError):  # a signature that hides its parameters: compared as given
+        return value.cls, _identity(value.args), {name: _identity(item) for name, item in value.kwargs.items()}
+    bound.apply_defaults()
+    return value.cls, {name: _identity(item) for name, item in bound.arguments.items()}
 
 
 def _declared_refusal(value: object) -> str:

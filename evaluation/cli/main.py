@@ -25,6 +25,7 @@ from evaluation.protocols.options import MAX_RESAMPLES, whole
 from evaluation.protocols.protocol import REFERENCE, Protocol, protocols
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.runs.backends import Backend
+from evaluation.runs.files import COMMITTED_FLAG, refuse_committed
 from evaluation.runs.models import SMOLLM2_ALIAS, ModelSettings
 from evaluation.runs.numerics import machine_threads
 from evaluation.runs.terminal import quiet_libraries
@@ -56,6 +57,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_committed_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        COMMITTED_FLAG,
+        action="store_true",
+        help="let --output be a committed folder under results/ (the Makefile's committed targets pass it)",
+    )
+
+
 def add_protocol(subparsers: argparse._SubParsersAction, protocol: Protocol) -> None:
     """A protocol's subcommand: the options every protocol shares (config file, model, presses unless it takes
     none, where results go, where they run), then its own."""
@@ -77,6 +86,7 @@ def add_protocol(subparsers: argparse._SubParsersAction, protocol: Protocol) -> 
             "--allow-import", action="store_true", help="let press specs import package.module:Class (runs the module)"
         )
     parser.add_argument("--output", type=Path, help=f"run folder (default {SCRATCH}/{protocol.name}/<model>)")
+    add_committed_option(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the grid and its work, load no model")
     parser.add_argument("--backend", choices=["local", "ray"], default="local", help="local (default) or ray")
     parser.add_argument("--ray-address", help="Ray cluster to join (default: start a local Ray instance)")
@@ -135,6 +145,7 @@ def add_scorecard_options(parser: argparse.ArgumentParser) -> None:
         default=SCRATCH / "scorecard" / "combined",
         help=f"folder (default {SCRATCH}/scorecard/combined)",
     )
+    add_committed_option(parser)
     parser.add_argument(
         "--reference", default=REFERENCE, help=f"the press every other press is compared with (default {REFERENCE})"
     )
@@ -234,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = with_config(parser, argv)
         except SystemExit as exit_:  # argparse has printed the usage and the error (or the help)
             return exit_.code
+        for flag in ("--output", "--export"):  # what a command writes where the user says
+            written = getattr(args, flag.removeprefix("--"), None)
+            if written is not None:
+                refuse_committed(Path(written), args.committed, flag)
         quiet_libraries()
         return args.act(args) if hasattr(args, "act") else run_protocol(args)
     except EvaluationError as error:  # one line, whatever a message quotes (an inner error's text may hold several)

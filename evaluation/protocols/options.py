@@ -8,6 +8,7 @@ from collections.abc import Callable
 MAX_TOKENS = 1 << 20  # the most tokens a length (a prompt, a history, a text streamed) may ask for
 MAX_NEW_TOKENS = 1 << 16  # the most tokens an answer may be given
 MAX_RESAMPLES = 100_000  # bootstrap resamples: each interval holds this many means per cell
+MAX_GENERATED = 1_000  # episodes, probes or examples a run generates per setting: all are held from its plan on
 
 
 def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:

@@ -26,12 +26,13 @@ from evaluation.protocols.longbench.degeneracy import degeneracy_lines
 from evaluation.protocols.longbench.protocol import LongBench
 from evaluation.protocols.protocol import REFERENCE, Plan
 from evaluation.protocols.single_turn import cells as single_turn
+from evaluation.protocols.single_turn.room import check_room
 from evaluation.reporting.conditions import ANSWER_NLL
 from evaluation.reporting.overlap import overlap_section
 from evaluation.reporting.scorecard import press_contrast_table, scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
-from evaluation.runs.models import known_context, what_loading_fetches
+from evaluation.runs.models import what_loading_fetches
 from evaluation.runs.record import fingerprint
 
 
@@ -70,7 +71,7 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
     official: dict[str, int] | None = None
     if data_dir is not None:
         task_configs = load_configs(data_dir, config.tasks)
-        check_room(config, task_configs)
+        check_rooms(config, task_configs)
         examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
         known = len(examples)
         official = official_lengths(task_configs)
@@ -100,15 +101,9 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
     return "\n".join(lines)
 
 
-def check_room(config: LongBenchConfig, task_configs: dict[str, TaskConfig]) -> None:
-    """Before any model loads: a model whose context (read from its files) cannot hold a task's answer, the chat
-    template and a prompt is an error naming the numbers; a model whose files are not local is checked when it
-    loads."""
-    context = known_context(config.model.name)
-    for task, task_config in task_configs.items() if context is not None else ():
-        refusal = cells.room_refusal(config, context, task, task_config)
-        if refusal:
-            raise EvaluationError(refusal)
+def check_rooms(config: LongBenchConfig, task_configs: dict[str, TaskConfig]) -> None:
+    """Before any model loads: every task's ``cells.room``, in the model's context as its files say it."""
+    check_room(config.model.name, [cells.room(config, task, task_config) for task, task_config in task_configs.items()])
 
 
 def official_lengths(task_configs: dict[str, TaskConfig]) -> dict[str, int]:
@@ -148,7 +143,7 @@ def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
     grid = checked_cells(config)
     data_dir = resolve_data_dir(config.data_dir, config.tasks)
     task_configs = load_configs(data_dir, config.tasks)
-    check_room(config, task_configs)
+    check_rooms(config, task_configs)
     examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
     files = [data_dir / f"{task}.jsonl" for task in config.tasks]
     files += [data_dir / "config" / name for name in CONFIG_FILES]

@@ -17,7 +17,7 @@ CELL_BY_CELL = "per-cell"  # a row's path: its cell streamed as a batch of its o
 @dataclass
 class PerplexityConfig:
     model: ModelSettings = field(metadata=MODEL_DEFINING)
-    texts: list[str] = field(metadata=SAMPLED)  # multi_news:N or locomo:SAMPLE_ID
+    texts: list[str] = field(metadata=SAMPLED)  # multi_news:N, locomo:SAMPLE_ID or essays:N
     text_files: list[str] = field(metadata=SAMPLED)  # a user's own texts, one per file
     length: int = field(metadata=DEFINING)  # tokens streamed per text
     presses: list[str]

@@ -75,7 +75,7 @@ class Perplexity(Protocol[PerplexityConfig]):
             "--texts",
             nargs="*",
             default=DEFAULT_TEXTS,
-            help=f"multi_news:N or locomo:SAMPLE_ID (default {' '.join(DEFAULT_TEXTS)})",
+            help=f"multi_news:N, locomo:SAMPLE_ID or essays:N (default {' '.join(DEFAULT_TEXTS)})",
         )
         parser.add_argument("--text-file", nargs="+", default=[], help="your own texts, one per file (UTF-8)")
         parser.add_argument(

@@ -30,7 +30,7 @@ from evaluation.protocols.perplexity.config import BATCHED, CELL_BY_CELL, Perple
 from evaluation.protocols.perplexity.protocol import POSITION_WINDOW, Perplexity, PerplexityRow
 from evaluation.protocols.perplexity.stream import base_press, decoding_press, pieces, streamed_nll
 from evaluation.protocols.protocol import Plan
-from evaluation.protocols.traces.record import source_file, source_text, text_tokens
+from evaluation.protocols.texts import source_file, source_text, text_tokens
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import resolve_model_path, what_loading_fetches
 from evaluation.runs.progress import active
@@ -69,7 +69,7 @@ def checked_presses(config: PerplexityConfig, dry_run: bool = False) -> tuple[li
     """The run's presses, each checked streamable in the run's form before any data (a dry run builds none), and
     what each streams as where that is not its own press."""
     if not config.texts and not config.text_files:
-        raise EvaluationError("no texts: give --texts (multi_news:N, locomo:SAMPLE_ID) or --text-file")
+        raise EvaluationError("no texts: give --texts (multi_news:N, locomo:SAMPLE_ID, essays:N) or --text-file")
     if config.chunk >= config.length:
         raise EvaluationError(f"--chunk {config.chunk} must be below --length {config.length}")
     presses = resolve_presses(config.presses, config.allow_import, dry_run)
@@ -116,8 +116,9 @@ def text_sources(config: PerplexityConfig) -> list[tuple[str, Path]]:
     sources = [(spec, source_file(spec, config.data_root)) for spec in config.texts]
     for given in config.text_files:
         path = Path(given)
-        if not path.is_file():
-            raise EvaluationError(f"--text-file {given} not found: give a UTF-8 text file")
+        if not path.is_file():  # nor a folder, a pipe (whose read would wait) or a device
+            why = "is not a file (a folder, a pipe or a device)" if path.exists() else "not found"
+            raise EvaluationError(f"--text-file {given} {why}: give a UTF-8 text file")
         sources.append((f"file:{path.name}", path))
     names = [name for name, _ in sources]
     if len(set(names)) != len(names):

@@ -15,7 +15,9 @@ Rows (``predictions.jsonl``, one per probe x scorer x k, resumable) score 1 when
 k of 16 (``probe.ranking``); a row's ``prediction`` is the scorer's order of the facts, ``model_answer`` the
 model's text. The scorecard splits them by whether the model answered correctly, then (``probe.positions``) by
 that and the older gold fact's recency rank. ``--gold-positions middle`` places the gold facts 7th and 9th of the
-16 (``facts.MIDDLE``), where recency cannot find them.
+16 (``facts.MIDDLE``), where recency cannot find them; ``recency-5-8`` at two of the 9th to 12th (``facts.RECENCY_5_8``:
+recency ranks 5 to 8, where, in the shuffled run, demonstrated utility rose on the correctly answered probes and
+recency did not), where recency's top 4 holds neither.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from pathlib import Path
 
 from typing_extensions import NotRequired
 
-from evaluation.protocols.options import MAX_NEW_TOKENS, whole
-from evaluation.protocols.probe.facts import FACTS, MIDDLE, PLACEMENTS, SHUFFLED
+from evaluation.protocols.options import MAX_GENERATED, MAX_NEW_TOKENS, whole
+from evaluation.protocols.probe.facts import FACTS, PLACEMENT_TEXTS, PLACEMENTS, SHUFFLED
 from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.backends import Unit
@@ -113,7 +115,7 @@ class Probes(Protocol[ProbeConfig]):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
-        parser.add_argument("--probes", type=whole(1), default=400, help="probes (default 400)")
+        parser.add_argument("--probes", type=whole(1, MAX_GENERATED), default=400, help="probes (default 400)")
         parser.add_argument(
             "--no-reasoning", action="store_true", help="answer with the colour alone (default: state the chain first)"
         )
@@ -124,8 +126,9 @@ class Probes(Protocol[ProbeConfig]):
             "--gold-positions",
             choices=list(PLACEMENTS),
             default=SHUFFLED,
-            help=f"where the two gold facts stand: where the shuffle puts them (default), or the middle: the home "
-            f"fact {MIDDLE[0] + 1}th and the flag fact {MIDDLE[1] + 1}th of {FACTS}, the distractors around them",
+            help="where the two gold facts stand, the distractors around them in their shuffled order: "
+            + "; ".join(f"{name}: {PLACEMENT_TEXTS[name]}" for name in PLACEMENTS)
+            + f" (default {SHUFFLED})",
         )
 
     def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> ProbeConfig:

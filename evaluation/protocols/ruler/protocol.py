@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typing_extensions import NotRequired
 
-from evaluation.protocols.options import MAX_TOKENS, whole
+from evaluation.protocols.options import MAX_GENERATED, MAX_TOKENS, whole
 from evaluation.protocols.protocol import SAMPLED, register
 from evaluation.protocols.ruler.tasks import CATEGORIES, TASK_NAMES
 from evaluation.protocols.single_turn.config import SingleTurnConfig
@@ -95,7 +95,9 @@ class Ruler(SingleTurnProtocol[RulerConfig]):
         parser.add_argument(
             "--tasks", nargs="+", choices=TASK_NAMES, default=list(TASK_NAMES), help="RULER tasks (default all)"
         )
-        parser.add_argument("--n", type=whole(1), default=4, help="examples per task and length (default 4)")
+        parser.add_argument(
+            "--n", type=whole(1, MAX_GENERATED), default=4, help="examples per task and length (default 4)"
+        )
         add_grid_options(parser)
 
     def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> RulerConfig:

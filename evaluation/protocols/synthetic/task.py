@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.errors import EvaluationError
 from evaluation.protocols.locomo.render import header, render_session
-from evaluation.protocols.options import MAX_TOKENS, whole
+from evaluation.protocols.options import MAX_GENERATED, MAX_TOKENS, whole
 from evaluation.protocols.protocol import SAMPLED
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session
@@ -102,7 +102,7 @@ def _benchmark(
 def add_generator_options(parser: argparse.ArgumentParser) -> None:
     """A synthetic family's generator options; its episodes stream with the evidence placement and gold history."""
     parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
-    parser.add_argument("--episodes", type=whole(1), default=8, help="episodes per setting (default 8)")
+    parser.add_argument("--episodes", type=whole(1, MAX_GENERATED), default=8, help="episodes per setting (default 8)")
 
 
 def add_reuse_options(parser: argparse.ArgumentParser) -> None:

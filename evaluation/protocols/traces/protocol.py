@@ -26,6 +26,9 @@ from evaluation.runs.models import ModelSettings
 METRICS = ("retained_mass", "heavy_hitter_recall", "hit_rate")
 SUMMARY = "summary"
 DEFAULT_TEXTS = ["multi_news:0", "locomo:conv-26"]
+# when the replayed RMM learns a row's teacher-forced correctness: as the press does on a model, once the next
+# position arrives (``streamed.StreamedPress``); a run recorded before this setting read it as the row arrived
+RMM_CORRECTNESS_KNOWN, KNOWN_BEFORE = "at the next position", "on arrival"
 
 
 @dataclass
@@ -39,6 +42,7 @@ class TracesConfig:
     data_root: Path
     output: Path
     h2o_window: int = field(default=H2O_WINDOW, metadata=DEFINING)
+    rmm_correctness_known: str = field(default=RMM_CORRECTNESS_KNOWN, metadata=DEFINING)
 
 
 class TraceRow(Row):
@@ -132,6 +136,11 @@ class Traces(Protocol[TracesConfig]):
             data_root=args.data,
             output=output,
         )
+
+    def record_defaults(self) -> dict:
+        """A run recorded before ``rmm_correctness_known`` existed replayed RMM knowing each row's correctness on
+        its arrival: its rows are not this code's, so a resume or a pooled scorecard refuses them."""
+        return {**super().record_defaults(), "rmm_correctness_known": KNOWN_BEFORE}
 
     def options_of(self, settings: dict) -> dict:
         return {**settings, "data": settings.get("data_root")}

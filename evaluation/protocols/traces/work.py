@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from evaluation.catalogue.budgets import Budget
 from evaluation.errors import EvaluationError
 from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.texts import source_file, source_text
 from evaluation.protocols.traces import controlled
 from evaluation.protocols.traces.policies import (
     LAG_SWEEP,
@@ -30,7 +31,7 @@ from evaluation.protocols.traces.policies import (
     sweep_name,
 )
 from evaluation.protocols.traces.protocol import BENCHMARK, METRICS, SUMMARY, TraceRow, Traces, TracesConfig
-from evaluation.protocols.traces.record import Trace, load_or_record, source_file, source_text, trace_name
+from evaluation.protocols.traces.record import Trace, load_or_record, trace_name
 from evaluation.protocols.traces.replay import Replay, recent_share, replay
 from evaluation.protocols.traces.tova_claims import (
     FIRST,
@@ -211,7 +212,10 @@ def write_scorecard(protocol: Traces, config: TracesConfig, rows: list[dict]) ->
     summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
     note = (
         "Trace metrics, mean over layers; each cell: mean [95% bootstrap interval over traces] (n traces). With "
-        "two texts an interval describes those two texts, not a population."
+        "two texts an interval describes those two texts, not a population. Heavy-hitter recall is agreement with "
+        "attention summed over the whole trace, in hindsight, not a measure of holding what later steps use: read "
+        "it beside Belady's (the offline optimum of hit rate). RMM learns each row's teacher-forced correctness "
+        "when the next position arrives, as the press does on a model."
     )
     appendix = tova_table(tova_claims(rows, budgets, h2o_window), h2o_window)
     write_card(output, summary, f"Traces: {output.name}", note, REFERENCE, policies, labels, appendix)
