@@ -108,7 +108,7 @@ def longbench_decoding(args: argparse.Namespace, model, tokenizer) -> dict:
     prompt = cases(config, model, tokenizer)[0].prompt
     length = prompt.context_ids.shape[1]
     cells = press_cells(resolve_presses(args.presses), budgets, "")
-    presses = [make_press(name, ratio_for(budget, length)) for name, budget in cells]
+    presses = [cell.press.build(ratio_for(cell.budget, length)) for cell in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
     caches = [history.compress(press) for press in presses]

@@ -6,8 +6,9 @@ against the types its classes declare (``evaluation.catalogue.parameters``), its
 compression ratio of 0.5, as a cell sets it, so that whatever the press's own constructor or check refuses is
 reported here) and its declarations read; a press these protocols cannot run is refused. An import path
 (``package.module:Press``) is imported only when the run allows it (``--allow-import``); a dry run imports none:
-it checks the rest of the spec and says what a real run would import. ``resolve_press`` is the lookup by label:
-each spec is resolved once per process, and the lookups after a run's start find its presses.
+it checks the rest of the spec and says what a real run would import. A resolved press is a value: a run's cells
+carry theirs (``catalogue.budgets.Cell``) through its plan, its units and its backend to every process that serves
+them, so that no process resolves a spec again and nothing is remembered per process.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from evaluation.catalogue.registry import (
     commit_lag,
     compresses_while_decoding,
     declared_refusal,
-    import_refusal,
     press_class,
     set_ratio,
 )
@@ -142,6 +142,9 @@ class ResolvedPress:
     dry: bool = False
     fetches: tuple[str, ...] = ()
 
+    def __hash__(self) -> int:  # its label names it (its blueprint's values may be lists)
+        return hash(self.label)
+
     def build(self, compression_ratio: float | None = None, length: int | None = None) -> BasePress | None:
         """A fresh press (``Blueprint.build``); None for the full cache.
 
@@ -180,10 +183,20 @@ class ResolvedPress:
 
 
 UNKNOWN = Needs(OWN_PREFILL, ALL)  # a press no dry run imports: read as one that may run anything
-_RESOLVED: dict[str, ResolvedPress] = {}  # each label's resolved press, once per process
 
 
-def _resolve(spec: str, label: str, allow_import: bool, dry_run: bool) -> ResolvedPress:
+def resolve_press(spec: str, allow_import: bool = False, dry_run: bool = False) -> ResolvedPress:
+    """The press ``spec`` names, resolved: its spec parsed and checked, its press built once and its declarations
+    read; ``allow_import`` allows its import paths (``--allow-import``), which a ``dry_run`` names without importing
+    them.
+
+    Raises
+    ------
+    EvaluationError
+        One line, for a spec that is not a press, an import path not allowed, or a press that refuses its
+        parameters or a ratio.
+    """
+    label = canonical(spec)
     if label == FULL_CACHE:
         return ResolvedPress(label, None, NOTHING)
     call = plan_spec(spec)
@@ -202,32 +215,6 @@ def _resolve(spec: str, label: str, allow_import: bool, dry_run: bool) -> Resolv
         paths,
         fetches=fetched(press),
     )
-
-
-def _resolved(spec: str, allow_import: bool, dry_run: bool) -> ResolvedPress:
-    """The press ``spec`` names, resolved on first use in this process; a spec that names an import path is resolved
-    again when a dry run follows a real one or the other way round (a dry run's is never imported nor built), and
-    refused unless ``allow_import``, resolved before or not."""
-    label = canonical(spec)
-    press = _RESOLVED.get(label)
-    if press is None or press.dry != (dry_run and bool(press.imports)):
-        press = _RESOLVED[label] = _resolve(spec, label, allow_import, dry_run)
-    elif press.imports and not allow_import:
-        raise import_refusal(spec, press.imports[0])
-    return press
-
-
-def resolve_press(spec: str) -> ResolvedPress:
-    """The press ``spec`` names, by label: resolved once per process, so that the lookups after a run's start find
-    the presses ``resolve_presses`` resolved (a spec naming an import path is resolved there only).
-
-    Raises
-    ------
-    EvaluationError
-        One line, for any spec that is not a press, or whose press refuses its parameters or a ratio.
-    """
-    label = canonical(spec)
-    return _RESOLVED[label] if label in _RESOLVED else _resolved(spec, allow_import=False, dry_run=False)
 
 
 def resolve_presses(
@@ -249,7 +236,7 @@ def resolve_presses(
         refusal = _declared_refusal(plan_spec(spec))
         if refusal:
             raise EvaluationError(f"press spec {spec!r}: {refusal}")
-        press = _resolved(spec, allow_import, dry_run)
+        press = resolve_press(spec, allow_import, dry_run)
         if _sets_ratio(press.blueprint):
             raise EvaluationError(
                 f"press spec {press.label!r}: {BUDGET_SETS} is the budget's to set (a run sets it per cell from "
@@ -305,15 +292,14 @@ def _declared_refusal(value: object) -> str:
     return declared_refusal(PRESS_CLASSES[value.name]) or _declared_refusal(held)
 
 
-def fetch_notes(labels: Iterable[str], model: str) -> list[str]:
+def fetch_notes(presses: Iterable[ResolvedPress], model: str) -> list[str]:
     """A dry run's words for each press that fetches files when applied to ``model``: what, and where they do not
     exist for it, that a real run refuses it before the model loads."""
     notes = []
-    for label in dict.fromkeys(labels):
-        press = resolve_press(label)
+    for press in {press.label: press for press in presses}.values():
         why = press.missing_for(model)
         refused = f" (not for this model: {why}; a real run refuses it before the model loads)" if why else ""
-        notes += [f"for {label}, {what}{refused}" for what in press.fetches]
+        notes += [f"for {press.label}, {what}{refused}" for what in press.fetches]
     return notes
 
 
@@ -322,11 +308,10 @@ def make_press(
 ) -> BasePress | None:
     """A fresh press of ``spec`` (``ResolvedPress.build``): for a caller that holds a spec, not a run's presses;
     ``allow_import`` allows its import paths."""
-    return _resolved(spec, allow_import, dry_run=False).build(compression_ratio, length)
+    return resolve_press(spec, allow_import).build(compression_ratio, length)
 
 
 def commit_lag_of(spec: str) -> int | None:
     """The commit lag of the ``RMMPress`` a row's press label names, for a scorecard; None for a label that names an
-    import path, which a scorecard never imports (it would run the module), in a run's own scorecard as in any
-    other."""
+    import path, which a scorecard never imports (it would run the module)."""
     return None if import_paths(plan_spec(spec)) else resolve_press(spec).commit_lag

@@ -7,12 +7,12 @@ from functools import partial
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.catalogue.resolved import resolve_presses
+from evaluation.catalogue.budgets import Cell
 from evaluation.metrics.longbench import sample_score
 from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import Example, TaskConfig
 from evaluation.protocols.longbench.prompts import STOP_AT_NEWLINE_TASKS, build_prompt
-from evaluation.protocols.single_turn.cells import Case, Cell, run_case
+from evaluation.protocols.single_turn.cells import Case, run_case
 from evaluation.protocols.single_turn.room import Room, check_room
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
@@ -68,7 +68,6 @@ def run_example(
     cells: list[Cell],
 ) -> None:
     """One unit: the missing cells of one example, and the likelihood of those older code stored without it."""
-    resolve_presses(config.presses, config.allow_import)  # once per process: a Ray worker's own resolution
     model, tokenizer = loaded
     example: Example = unit.payload
     task_config = task_configs[example.task]

@@ -9,8 +9,7 @@ import pandas as pd
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Cell, budget_label, press_cells
-from evaluation.catalogue.resolved import fetch_notes, resolve_press, resolve_presses
-from evaluation.catalogue.specs import FULL_CACHE
+from evaluation.catalogue.resolved import ResolvedPress, fetch_notes, resolve_presses
 from evaluation.errors import EvaluationError
 from evaluation.protocols.longbench import cells
 from evaluation.protocols.longbench.config import LongBenchConfig
@@ -81,7 +80,7 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
         official = official_lengths(task_configs)
         answer_tokens, fetched = sum(config.generation_cap(official[e.task]) for e in examples), []
     bound = known if known is not None else config.n * len(config.tasks) if config.n else None
-    shared = [cell for cell in grid if config.path == "shared" and single_turn.shares_prefill(cell[0])]
+    shared = [cell for cell in grid if config.path == "shared" and cell.press.shares_prefill]
     alone = len(grid) - len(shared)
 
     def times(k: int) -> str:
@@ -91,7 +90,7 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
     lines = [
         f"LongBench: {count} examples ({', '.join(config.tasks)}) x {len(grid)} cells = {times(len(grid))} "
         f"cells, model {config.model.label}",
-        *(f"  {press} @ {budget_label(budget)}{path_note(press, (press, budget) in shared)}" for press, budget in grid),
+        *(f"  {cell.label} @ {budget_label(cell.budget)}{path_note(cell.press, cell in shared)}" for cell in grid),
         f"prefills: {times(bool(shared) + alone)} ({count} shared by {len(shared)} cells each, "
         f"{times(alone)} per cell)",
         f"decodes: {times(len(grid))} ({count} batches of {len(shared)} caches, {times(alone)} alone)"
@@ -100,7 +99,7 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
         else "decodes: none (--likelihood-only: each cell's gold answer forced in one forward)",
         *([departure] if (departure := departure_note(config, official)) else []),
     ]
-    fetched += [what_loading_fetches(config.model.name), *fetch_notes([press for press, _ in grid], config.model.name)]
+    fetched += [what_loading_fetches(config.model.name), *fetch_notes([cell.press for cell in grid], config.model.name)]
     lines += [f"a real run first fetches: {item}" for item in fetched if item] or ["everything it reads is local"]
     return "\n".join(lines)
 
@@ -135,13 +134,12 @@ def departure_note(config: LongBenchConfig, official: dict[str, int] | None) -> 
     )
 
 
-def path_note(press: str, shared: bool) -> str:
+def path_note(press: ResolvedPress, shared: bool) -> str:
     """How a dry run's press runs, after its name: nothing on the shared path, else the per-cell path, or what a
     real run imports."""
     if shared:
         return ""
-    resolved = resolve_press(press)
-    return f" ({resolved.describe()})" if resolved.dry else " (per-cell path)"
+    return f" ({press.describe()})" if press.dry else " (per-cell path)"
 
 
 def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
@@ -153,12 +151,12 @@ def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
     files = [data_dir / f"{task}.jsonl" for task in config.tasks]
     files += [data_dir / "config" / name for name in CONFIG_FILES]
     engine = config.path == "shared"
-    units = [Unit(f"{e.task}/{e.id}", e, frozenset(single_turn.cell_key(e, *cell) for cell in grid)) for e in examples]
+    units = [Unit(f"{e.task}/{e.id}", e, frozenset(single_turn.cell_key(e, cell) for cell in grid)) for e in examples]
     settings = {
         "data_dir": str(data_dir),
         "budgets": [b.key for b in config.budgets],
         "data_fingerprint": fingerprint(*files),
-        "paths": {p: single_turn.path_record(p, engine) for p in config.presses if p != FULL_CACHE},
+        "paths": single_turn.path_records(config.presses, grid, engine),
     }
     work = partial(cells.run_example, config=config, task_configs=task_configs, cells=grid)
     official = official_lengths(task_configs)

@@ -11,15 +11,14 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.catalogue.budgets import budget_label, press_cells
+from evaluation.catalogue.budgets import Cell, budget_label, press_cells
 from evaluation.catalogue.resolved import fetch_notes, resolve_presses
-from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.errors import EvaluationError
 from evaluation.protocols.kvpress.columns import KVPressExample, export_parquet
 from evaluation.protocols.kvpress.prompt import after_context, build_prompt
 from evaluation.protocols.options import PATHS
 from evaluation.protocols.protocol import Plan
-from evaluation.protocols.single_turn.cells import Case, Cell, cell_key, path_record, run_case
+from evaluation.protocols.single_turn.cells import Case, cell_key, path_records, run_case
 from evaluation.protocols.single_turn.config import SingleTurnConfig
 from evaluation.protocols.single_turn.room import Room, check_room
 from evaluation.runs.backends import Unit
@@ -118,7 +117,6 @@ def run_example(
     gold: Gold,
 ) -> None:
     """One unit: one example's missing cells, each scored by ``scorer``, its likelihood that of ``gold``."""
-    resolve_presses(config.presses, config.allow_import)  # once per process: a Ray worker's own resolution
     model, tokenizer = loaded
     example: KVPressExample = unit.payload
     case = case_of(example, tokenizer, context_length(tokenizer, model.config), config, scorer, gold)
@@ -146,13 +144,13 @@ def plan_examples(
     ids = [example.id for example in examples]
     if len(set(ids)) != len(ids):
         raise EvaluationError("examples with the same id: every example needs its own (an id column, or none)")
-    units = [Unit(e.id, e, frozenset(cell_key(e, *cell) for cell in cells)) for e in examples]
+    units = [Unit(e.id, e, frozenset(cell_key(e, cell) for cell in cells)) for e in examples]
     engine = config.path == "shared"
     recorded = {
         **settings,
         "budgets": [budget.key for budget in config.budgets],
         "data_fingerprint": examples_fingerprint(examples),
-        "paths": {press: path_record(press, engine) for press in config.presses if press != FULL_CACHE},
+        "paths": path_records(config.presses, cells, engine),
     }
     work = partial(run_example, config=config, cells=cells, scorer=scorer, gold=gold)
     tokens = 0 if config.likelihood_only else sum(e.max_new_tokens for e in examples) * len(cells)
@@ -175,7 +173,7 @@ def dry_run_lines(config: SingleTurnConfig, head: str, examples: int, rooms: lis
     cells = checked_cells(config, rooms, dry_run=True)
     lines = [
         f"{head}: {examples} examples x {len(cells)} cells = {examples * len(cells)} cells, model {config.model.label}",
-        *(f"  {press} @ {budget_label(budget)}" for press, budget in cells),
+        *(f"  {cell.label} @ {budget_label(cell.budget)}" for cell in cells),
     ]
-    fetched = [what_loading_fetches(config.model.name), *fetch_notes([press for press, _ in cells], config.model.name)]
+    fetched = [what_loading_fetches(config.model.name), *fetch_notes([cell.press for cell in cells], config.model.name)]
     return "\n".join(lines + ([f"a real run first fetches: {item}" for item in fetched if item] or []))
