@@ -891,18 +891,29 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str, order: list[s
     axes = figure.subplots(len(heights), 1, squeeze=False, height_ratios=[h + 2 for h in heights])[:, 0]
     for axis, ((against, metric), group) in zip(axes, groups, strict=True):
         forest_panel(axis, group, presses, markers)
-        no_verdict = (
-            f"; no verdict: every comparison has under {MIN_PAIRS} clusters"
-            if (group["verdict"] == TOO_FEW).all()
-            else ""
-        )
-        axis.set_title(f"{metric.name} against {baseline_name(against)}{no_verdict}", fontsize=8)
-        axis.set_xlabel(
-            f"difference against {baseline_name(against)} ({metric.name}, {metric.unit}; {metric.direction}; 95% "
-            "paired bootstrap interval)",
-            fontsize=7,
-        )
-        axis.set_ylabel("condition, budget", fontsize=7)
+        forest_labels(axis, group, against, metric)
+    forest_legend(figure, compared, presses, markers)
+    return save_figure(figure, path)
+
+
+def forest_labels(axis: Axes, group: pd.DataFrame, against: str, metric: Metric) -> None:
+    """A forest panel's title (saying so where no comparison of ``group`` has a verdict) and axis labels: the
+    comparison against ``against`` and the ``metric`` with its unit and direction."""
+    no_verdict = (
+        f"; no verdict: every comparison has under {MIN_PAIRS} clusters" if (group["verdict"] == TOO_FEW).all() else ""
+    )
+    axis.set_title(f"{metric.name} against {baseline_name(against)}{no_verdict}", fontsize=8)
+    axis.set_xlabel(
+        f"difference against {baseline_name(against)} ({metric.name}, {metric.unit}; {metric.direction}; 95% "
+        "paired bootstrap interval)",
+        fontsize=7,
+    )
+    axis.set_ylabel("condition, budget", fontsize=7)
+
+
+def forest_legend(figure: Figure, compared: pd.DataFrame, presses: list[str], markers: dict[str, str]) -> None:
+    """The forest's legend below its panels: each press's marker, then the verdicts' colours (no headroom only
+    where ``compared`` holds one) and the hollow grey of too few clusters."""
     verdicts = [
         Line2D([], [], marker="s", linestyle="", color=c, label=v)
         for v, c in VERDICT_COLORS.items()
@@ -928,7 +939,6 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str, order: list[s
         title="marker: press; colour: its verdict before Holm's correction (the scorecard gives both)",
         title_fontsize=7,
     )
-    return save_figure(figure, path)
 
 
 def nothing_drawn(summary: pd.DataFrame, reference: str) -> str:
