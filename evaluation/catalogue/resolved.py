@@ -2,13 +2,13 @@
 press declares of itself, so that nothing after the start parses a spec or builds a press to ask it a question.
 
 ``resolve_presses`` checks a run's specs before any work: each is parsed, its names looked up, its values checked
-against the types its classes declare (``evaluation.catalogue.parameters``), its press built once (at a
-compression ratio of 0.5, as a cell sets it, so that whatever the press's own constructor or check refuses is
-reported here) and its declarations read; a press these protocols cannot run is refused. An import path
-(``package.module:Press``) is imported only when the run allows it (``--allow-import``); a dry run imports none:
-it checks the rest of the spec and says what a real run would import. A resolved press is a value: a run's cells
-carry theirs (``catalogue.budgets.Cell``) through its plan, its units and its backend to every process that serves
-them, so that no process resolves a spec again and nothing is remembered per process.
+against the types its classes declare (``evaluation.catalogue.parameters``), its press built once (at a compression
+ratio of 0.5, as a cell sets it, so that whatever the press's own constructor or check refuses is reported here) and its
+declarations read; a press these protocols cannot run is refused. An import path (``package.module:Press``) is imported
+only when the run allows it (``--allow-import``); a dry run imports none: it checks the rest of the spec, builds each
+press that holds no import path, and says what a real run would import. A resolved press is a value: a run's cells carry
+theirs (``catalogue.budgets.Cell``) through its plan, its units and its backend to every process that serves them, so
+that no process resolves a spec again and nothing is remembered per process.
 """
 
 from __future__ import annotations
@@ -98,6 +98,27 @@ def _blueprint(value: object, spec: str, allow_import: bool, dry_run: bool) -> o
         return Pending(value.name)
     check_arguments(cls, _as_checked(args), {name: _as_checked(item) for name, item in kwargs.items()}, spec)
     return Blueprint(cls, args, kwargs)
+
+
+def _build_known(value: object, label: str) -> None:
+    """Build once each press of a dry run's plan that holds no ``Pending`` press, so that what its constructor
+    refuses is reported as a real run reports it; a press that holds one is checked through its own presses."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _build_known(item, label)
+    elif isinstance(value, Blueprint):
+        if _holds_pending(value):
+            _build_known([*value.args, *value.kwargs.values()], label)
+        else:
+            value.build(label)
+
+
+def _holds_pending(value: object) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(map(_holds_pending, value))
+    if isinstance(value, Blueprint):
+        return _holds_pending([*value.args, *value.kwargs.values()])
+    return isinstance(value, Pending)
 
 
 def _sets_ratio(value: object) -> bool:
@@ -203,6 +224,7 @@ def resolve_press(spec: str, allow_import: bool = False, dry_run: bool = False) 
     plan = _blueprint(call, spec, allow_import, dry_run)
     paths = import_paths(call)
     if dry_run and paths:
+        _build_known(plan, spec)
         return ResolvedPress(label, None, UNKNOWN, imports=paths, dry=True)
     press = plan.build(spec, CHECKED_RATIO)
     return ResolvedPress(
