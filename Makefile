@@ -114,13 +114,12 @@ eval-perplexity-2048: setup
 
 # LongBench's answer likelihood alone (one prefill and one batched forward of every cell's answer per example) at
 # n = 120 on the paper's four budget points, in two runs that each fit 90 minutes on 2 cores (measured: 48-54 s an
-# example for all 33 cells on a loaded machine, so one run would not): keep 12.5% and 25%, then keep 50% and 75%
-# (under scratch/ until it is made from a clean commit).
+# example for all 33 cells on a loaded machine, so one run would not): keep 12.5% and 25%, then keep 50% and 75%.
 LIKELIHOOD := $(PY) -m evaluation longbench --tasks multi_news --n 120 --max-length 2048 --likelihood-only \
 	--presses full snapkv streaming_llm h2o tova rmm 'rmm(lag=64)' knorm random
 eval-longbench-likelihood: setup
 	$(LIKELIHOOD) --ratios 0.875 0.75 --committed --output results/longbench/smollm2-135m-likelihood-low
-	$(LIKELIHOOD) --ratios 0.5 0.25 --output scratch/longbench/smollm2-135m-likelihood-high
+	$(LIKELIHOOD) --ratios 0.5 0.25 --committed --output results/longbench/smollm2-135m-likelihood-high
 
 # One scorecard across every committed run (results/*/*/ but scorecard and bench): a table per benchmark,
 # bootstrap intervals, and win / tie / loss against H2O.
@@ -145,7 +144,7 @@ REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 res
 	results/memory/smollm2-135m:2 results/traces/smollm2-135m:3 \
 	results/probe/smollm2-135m:3 results/probe/smollm2-135m-middle:3 results/perplexity/smollm2-135m:1 \
 	results/ruler/smollm2-135m:2 results/needle/smollm2-135m:2 \
-	results/longbench/smollm2-135m-likelihood-low:1
+	results/longbench/smollm2-135m-likelihood-low:1 results/longbench/smollm2-135m-likelihood-high:1
 reproduce: setup
 	$(PY) -m evaluation reproduce $(REPRODUCED)
 
