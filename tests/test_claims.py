@@ -151,6 +151,7 @@ MEMORY, TRACES, REUSE, MQ = (
 
 RULER, NEEDLE = "ruler/smollm2-135m", "needle/smollm2-135m"
 LIKELIHOOD = "longbench/smollm2-135m-likelihood-low"
+LIKELIHOOD_HIGH = "longbench/smollm2-135m-likelihood-high"
 
 
 def ruler_claims() -> list[str]:
@@ -206,22 +207,32 @@ def longbench_claims() -> list[str]:
 
 
 def likelihood_claims() -> list[str]:
-    card = scorecard(LIKELIHOOD)
+    low, high = scorecard(LIKELIHOOD), scorecard(LIKELIHOOD_HIGH)
+    cells = [(low, "keep 12%"), (low, "keep 25%"), (high, "keep 50%"), (high, "keep 75%")]
 
-    def diffs(press: str, prefix: str = "") -> list[float]:
-        return [float(card["answer NLL", "multi_news", b, press][f"{prefix}diff"]) for b in ("keep 12%", "keep 25%")]
+    def field(press: str, name: str) -> list[float]:
+        return [float(card["answer NLL", "multi_news", budget, press][name]) for card, budget in cells]
 
-    rmm = diffs("rmm")
-    mde = [float(card["answer NLL", "multi_news", b, "rmm"]["mde"]) for b in ("keep 12%", "keep 25%")]
-    others = [d for press in ("tova", "snapkv", "streaming_llm", "knorm") for d in diffs(press)]
-    failed = [int(card["answer NLL", "multi_news", b, "rmm(lag=64)"]["failed"]) for b in ("keep 12%", "keep 25%")]
-    assert failed == [2, 1]
-    assert all(line["verdict"] == "loss" for key, line in card.items() if key[2] != "full" and key[3] != "h2o")
+    def four(values: list[float], digits: int) -> str:
+        return ", ".join(f"{v:.{digits}f}" for v in values[:3]) + f" and {values[3]:.{digits}f}"
+
+    others = [d for press in ("tova", "snapkv", "streaming_llm", "knorm") for d in field(press, "diff")[:2]]
+    share = [-100 * s for s in field("rmm", "cost_share")[2:]]
+    failed = [int(card["answer NLL", "multi_news", budget, "rmm(lag=64)"]["failed"] or 0) for card, budget in cells]
+    assert failed == [2, 1, 0, 0]
+    ties = {
+        key[3] for card in (low, high) for key, line in card.items() if key[2] != "full" and line["verdict"] != "loss"
+    }
+    assert ties == {"h2o", "knorm", "rmm(lag=64)"}
+    at75 = {press: high["answer NLL", "multi_news", "keep 75%", press] for press in ("knorm", "rmm(lag=64)")}
     return [
-        f"loses to it by {rmm[0]:.3f} and {rmm[1]:.3f} nats (MDEs {mde[0]:.3f} and {mde[1]:.3f})",
+        f"loses to it by {four(field('rmm', 'diff'), 3)} nats at keep 12.5%, 25%, 50% and 75% (MDEs "
+        f"{four(field('rmm', 'mde'), 3)})",
+        f"RMM's loss is {min(share):.0f}-{max(share):.0f}% of H2O's own loss",
         f"lose to H2O by {min(others):.2f} to {max(others):.2f} nats",
-        "random eviction loses to H2O by {:.2f} and {:.2f} nats".format(*diffs("random")),
-        "H2O itself to the full\n  cache by {:.2f} and {:.2f}".format(*diffs("h2o", "full_")),
+        *(f"(+{float(line['diff']):.3f}, MDE {float(line['mde']):.3f})" for line in at75.values()),
+        f"random eviction loses to H2O by {four(field('random', 'diff'), 2)} nats",
+        f"the full cache by {four(field('h2o', 'full_diff'), 2)}",
     ]
 
 
@@ -483,9 +494,11 @@ def readme_claims() -> list[str]:
     first = {run["command"]: run["wall_seconds"] for run in bench("first_commands")["runs"]}
     middle = sum(r["correct"] for r in rows(MIDDLE) if r["press"] == "h2o" and r["budget"] == "top 4 of 16")
     rmm = [scorecard(LIKELIHOOD)["answer NLL", "multi_news", budget, "rmm"] for budget in ("keep 12%", "keep 25%")]
+    rmm += [scorecard(LIKELIHOOD_HIGH)["answer NLL", "multi_news", b, "rmm"] for b in ("keep 50%", "keep 75%")]
+    trails = [float(line["diff"]) for line in rmm]
     full = scorecard(MQ)["score", "overall", "full", "full"]
     return [
-        f"RMM trails it by {float(rmm[0]['diff']):.3f} and {float(rmm[1]['diff']):.3f} nats",
+        f"RMM trails it by {min(trails):.3f} to {max(trails):.3f} nats",
         f"it answers {middle} of 400 probes and no scorer finds them",
         f"loses most of the full cache's {float(full['mean']):.1f}%",
         f"the offline SmolLM2 wheel: {minutes(bench('first_commands')['setup']['wall_seconds'])}",
