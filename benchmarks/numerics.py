@@ -10,7 +10,7 @@ model loads. Every float field of every re-run row is compared with the committe
 and the largest difference per field is kept (a list's, such as ``nll_by_position``, over its items). Text is
 compared byte for byte (a differing text is reported, not bounded). Prints and writes (after each run), per run and
 over all runs, the largest difference per field, whether two re-runs at one count ever differed, and each re-run's
-seconds.
+seconds (wall and CPU).
 
 Run it with nothing else on the machine or beside other work alike: at a fixed count the load changes only the time
 (the repeated count says whether that held here).
@@ -106,19 +106,23 @@ def largest(found: list[dict[str, float]]) -> dict[str, float]:
 
 def measured(text: str, counts: list[int]) -> dict:
     """``text``'s sample re-run at each of ``counts``: the largest difference per field against the committed rows
-    and between re-runs, the texts that differ, and each re-run's seconds."""
+    and between re-runs, the texts that differ, and each re-run's seconds (wall, and CPU: this process's threads
+    together, which the machine's load changes less)."""
     committed: dict = {}
     reruns: list[tuple[int, str, dict]] = []
-    seconds: dict[str, float] = {}
+    seconds: dict[str, dict[str, float]] = {}
     for index, threads in enumerate(counts):
         again = counts.count(threads) > 1
         name = f"{threads} threads" + (f", run {counts[: index + 1].count(threads)}" if again else "")
-        start = time.perf_counter()
+        start, processor = time.perf_counter(), time.process_time()
         with tempfile.TemporaryDirectory(prefix="numerics-") as scratch:
             committed, rows = rerun(text, threads, Path(scratch))
-        seconds[name] = round(time.perf_counter() - start, 1)
+        seconds[name] = {
+            "wall": round(time.perf_counter() - start, 1),
+            "cpu": round(time.process_time() - processor, 1),
+        }
         reruns.append((threads, name, rows))
-        print(f"{text}: re-run at {name}: {len(rows)} rows, {seconds[name]} s", flush=True)
+        print(f"{text}: re-run at {name}: {len(rows)} rows, seconds {seconds[name]}", flush=True)
     against = {name: compare(committed, rows) for _, name, rows in reruns}
     pairs = [(a == b, f"{x} vs {y}", compare(one, other)) for (a, x, one), (b, y, other) in combinations(reruns, 2)]
     between = {name: found for _, name, found in pairs}
@@ -152,7 +156,7 @@ def main() -> None:
         entry = measured(text, args.threads)
         report["runs"][text] = entry
         report["largest"] = largest([run["largest"] for run in report["runs"].values()])
-        report["seconds"] = round(time.perf_counter() - start, 1)
+        report["seconds"] = {"wall": round(time.perf_counter() - start, 1), "cpu": round(time.process_time(), 1)}
         print(json.dumps({text: entry["largest"], "texts_differ": entry["texts_differ"]}, indent=2), flush=True)
         write_report(args.output, report)  # after each run: a stopped measurement keeps the runs it finished
 
