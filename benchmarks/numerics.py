@@ -35,7 +35,7 @@ runtime_environment()  # as python -m evaluation sets it, before torch loads
 
 from report import write_report  # noqa: E402
 
-from evaluation.cli.reproduce import LOCAL, SampleStore, prepare, requested, stopping  # noqa: E402
+from evaluation.cli.reproduce import LOCAL, SampleStore, committed_row, prepare, requested, stopping  # noqa: E402
 from evaluation.protocols.protocol import lacks  # noqa: E402
 from evaluation.runs.backends import run_units  # noqa: E402
 
@@ -70,7 +70,7 @@ def rerun(text: str, threads: int, scratch: Path) -> tuple[dict, dict]:
     run_units([s.unit for s in prepared.sample], stopping(prepared.plan.work, partial_units), config.model, store,
               LOCAL, incomplete)  # fmt: skip
     rows = {prepared.protocol.row_key(row): row for row in store.rows}
-    return {key: prepared.committed[key] for key in rows}, rows
+    return {key: committed_row(prepared, key, row) for key, row in rows.items()}, rows
 
 
 def differences(a: object, b: object, field: str, found: dict[str, float], texts: list[str]) -> None:

@@ -130,6 +130,28 @@ def test_a_perplexity_run_reproduces_each_position_to_its_tolerance(model_dir, t
     assert f"{(changed['text'], 'tova', 'tokens=16')} nll_by_position[1]: committed" in lines[-1]
 
 
+def test_a_row_from_before_a_field_reproduces_as_what_its_protocol_says_it_stands_for(
+    model_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+):
+    monkeypatch.setenv("KVET_CACHE", str(tmp_path / "cache"))
+    output = tmp_path / "ppl"
+    argv = ["perplexity", "--model", str(model_dir), "--texts", "multi_news:0", "--length", "24", "--budgets", "16"]
+    argv += ["--data", str(SHARED_DATA), "--presses", "tova", "--cells-one-at-a-time", "--output", str(output)]
+    assert main(argv) == 0
+    record = json.loads((output / "run.json").read_text())
+    del record["config"]["cells_one_at_a_time"]  # as perplexity's run.json and rows were before batching
+    (output / "run.json").write_text(json.dumps(record))
+    rewrite(output, lambda rows: [row.pop("path") for row in rows])
+    status, lines, _ = reproduce(capsys, f"{output}:{ALL}")
+    assert status == 0 and lines[-1] == f"reproduced: {output} (1 units, 1 rows)", lines
+    rewrite(output, lambda rows: rows[-1].update(path="batched"))
+    status, lines, _ = reproduce(capsys, f"{output}:{ALL}")
+    assert status == 1 and lines[-1].endswith("path: committed 'batched' vs now 'per-cell'"), lines
+
+
 def test_bad_input_is_one_line_each_and_exit_2_before_any_model(longbench_run, tmp_path, monkeypatch, capsys):
     def no_model(self):
         raise AssertionError("a model was loaded")

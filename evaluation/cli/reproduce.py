@@ -10,7 +10,8 @@ protocol's unit splits into steps (``Protocol.steps``: a streamed question, a pr
 steps, the unit's work running as in the run and stopped once the sample's rows are stored. The units run through
 ``run_units`` into a temporary folder, at the run's recorded thread count (a run.json from before ``threads``: this
 machine's cores), and each row is compared with the committed row of its key: every float within its field's
-measured tolerance (``TOLERANCES``), every other value equal (text byte for byte).
+measured tolerance (``TOLERANCES``), every other value equal (text byte for byte); a field the committed row
+predates compares as what its protocol says such a row stands for (``Protocol.row_defaults``).
 
 One line per run, ``reproduced`` or ``differs`` (the first difference); exit status 1 when a run differs, 2 for a
 folder it cannot reproduce (no run.json, a protocol or a setting this code no longer has, a press that imports a
@@ -290,6 +291,17 @@ def row_difference(key: Hashable, committed: dict | None, row: dict) -> str:
     return ""
 
 
+def committed_row(prepared: Prepared, key: Hashable, row: dict) -> dict | None:
+    """The committed row of ``key``, with each field that ``row`` holds and the committed row predates as what its
+    protocol says such a row stands for (``Protocol.row_defaults``: perplexity's ``path``, per cell before
+    batching)."""
+    committed = prepared.committed.get(key)
+    if committed is None:
+        return None
+    defaults = prepared.protocol.row_defaults
+    return committed | {field: defaults[field] for field in row if field in defaults and field not in committed}
+
+
 def reproduce(prepared: Prepared, output: Path) -> str:
     """Re-run the sample into ``output`` and the run's line: ``reproduced`` or its first difference."""
     protocol, plan = prepared.protocol, prepared.plan
@@ -300,7 +312,7 @@ def reproduce(prepared: Prepared, output: Path) -> str:
     run_units(units, stopping(plan.work, partial_units), prepared.config.model, store, LOCAL, incomplete)
     for row in store.rows:
         key = protocol.row_key(row)  # type: ignore[arg-type]
-        difference = row_difference(key, prepared.committed.get(key), row)
+        difference = row_difference(key, committed_row(prepared, key, row), row)
         if difference:
             return f"differs: {prepared.folder}: {difference}"
     return f"reproduced: {prepared.folder} ({len(units)} units, {len(store.rows)} rows)"

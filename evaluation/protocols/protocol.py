@@ -136,8 +136,8 @@ C = TypeVar("C")
 
 class Protocol(ABC, Generic[C]):
     """One protocol: see the module's docstring. ``presses`` are the default press specs (None: the protocol
-    takes none); ``record_defaults`` stand for settings an older run.json did not record; its rows are a ``Row``
-    of its own (a ``TypedDict``), one JSON line each.
+    takes none); ``record_defaults`` stand for settings an older run.json did not record, ``row_defaults`` for
+    fields an older row did not; its rows are a ``Row`` of its own (a ``TypedDict``), one JSON line each.
 
     What a protocol declares (its options, configuration, row key and benchmark) is light to import, so the
     command line lists every protocol at once; its work (``dry_run``, ``plan``, ``write_scorecard``) lives in its
@@ -154,6 +154,7 @@ class Protocol(ABC, Generic[C]):
     implementation: str = ""
     reference: ClassVar[str] = REFERENCE
     likelihood: ClassVar[tuple[str, ...]] = ()  # a row's answer likelihood fields, completed on resume (``lacks``)
+    row_defaults: ClassVar[dict[str, object]] = {}  # a row field added later: what a row without it stands for
 
     @abstractmethod
     def add_options(self, parser: argparse.ArgumentParser) -> None:

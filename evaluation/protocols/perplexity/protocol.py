@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import ClassVar
 
 from evaluation.catalogue.budgets import parse_budgets
 from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.protocols.options import MAX_TOKENS, whole
-from evaluation.protocols.perplexity.config import EXACT, PerplexityConfig
+from evaluation.protocols.perplexity.config import CELL_BY_CELL, EXACT, PerplexityConfig
 from evaluation.protocols.protocol import Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark, Metric
 from evaluation.runs.data_location import shared_data
@@ -62,6 +63,7 @@ class Perplexity(Protocol[PerplexityConfig]):
         "Perplexity", conditions, lambda row: (row["text"],), 1, 4, measured=(STREAMED_NLL,), cluster_unit="text"
     )
     presses = DEFAULT_PRESSES
+    row_defaults: ClassVar[dict[str, object]] = {"path": CELL_BY_CELL}  # a row from before batching: per cell
     implementation = "evaluation.protocols.perplexity.work"
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
