@@ -15,9 +15,14 @@ import json
 import time
 from pathlib import Path
 
+import torch
 from report import write_report
 
+from evaluation.catalogue.resolved import resolve_press
+from evaluation.engine.history import History
 from evaluation.runs.data_location import shared_data
+from evaluation.runs.models import load_model
+from evaluation.runs.terminal import quiet_libraries
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESS_SETS = {
@@ -39,11 +44,6 @@ def nbytes(tensors) -> int:
 
 
 def measure(model, ids, presses: list[str]) -> dict:
-    import torch
-
-    from evaluation.catalogue.resolved import resolve_press
-    from evaluation.engine.history import History
-
     history = History(model, frozenset({"context"}), [resolve_press(name).needs for name in presses])
     start = time.perf_counter()
     with torch.no_grad():
@@ -71,10 +71,6 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=shared_data() / "longbench" / "multi_news.jsonl")
     parser.add_argument("--output", type=Path, default=ROOT / "results" / "bench" / "engine_memory.json")
     args = parser.parse_args()
-
-    from evaluation.runs.models import load_model
-    from evaluation.runs.terminal import quiet_libraries
-
     quiet_libraries()
     model, tokenizer = load_model()
     ids: list[int] = []

@@ -4,8 +4,11 @@ the offline default model's one-time conversion, then ``make eval-longbench`` an
 ``results/bench/first_commands.json`` (the README quotes it).
 
 The README's times hold on a quiet machine: run it with nothing else running (the load averages it records say
-whether that held). ``--cache`` keeps the user's converted model (``KVET_CACHE``) instead of a fresh one, so the
-conversion step then costs nothing; the clone is removed afterwards unless ``--keep``.
+whether that held). The report states each condition: the cores, the platform and Python, the load average before
+each step, pip's cache before ``make setup`` (warm from 500 MB: its wheels are not downloaded again), whether the
+model's conversion was cached, the shared data, and each run's plan (what it ran) from its progress. ``--cache``
+keeps the user's converted model (``KVET_CACHE``) instead of a fresh one, so the conversion step then costs nothing;
+the clone is removed afterwards unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import resource
 import shutil
 import subprocess
@@ -26,23 +30,42 @@ from report import write_report
 ROOT = Path(__file__).resolve().parents[1]
 CONVERT = "from evaluation.runs.models import resolve_model_path; resolve_model_path('smollm2-135m')"
 RUNS = ("make eval-longbench", "make eval-locomo")
+QUIET = 0.5  # the largest load average before a step at which the machine counts as quiet
+WARM_MEGABYTES = 500  # pip's cache holding the stack's wheels (torch alone is about 200 MB on CPU)
 
 
 def timed(command: list[str], folder: Path, environment: dict[str, str]) -> dict:
-    """Run ``command`` in ``folder`` and return its wall and CPU seconds and the load average before it."""
+    """Run ``command`` in ``folder`` and return its wall and CPU seconds, the load average before it and, for a
+    harness run, the plan its progress states first (what was run: examples, cells, tokens to decode)."""
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    subprocess.run(command, cwd=folder, env=environment, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(command, cwd=folder, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    stderr = done.stderr.decode(errors="replace")
+    if done.returncode:
+        sys.stderr.write(stderr)
+        raise subprocess.CalledProcessError(done.returncode, command)
+    plan = next((line.split("plan: ", 1)[1] for line in stderr.splitlines() if "plan: " in line), None)
     return {
         "command": " ".join(command),
         "wall_seconds": round(wall, 1),
         "user_seconds": round(after.ru_utime - before.ru_utime, 1),
         "sys_seconds": round(after.ru_stime - before.ru_stime, 1),
         "load_average_before": round(load, 2),
+        **({"plan": plan} if plan else {}),
     }
+
+
+def pip_cache() -> dict:
+    """pip's cache before ``make setup`` (its folder and size): a warm cache installs without downloading."""
+    found = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True)
+    folder = Path(found.stdout.strip()) if found.returncode == 0 else None
+    if folder is None or not folder.is_dir():
+        return {"folder": None, "megabytes": 0}
+    size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    return {"folder": str(folder), "megabytes": round(size / 2**20)}
 
 
 def shared_data() -> Path:
@@ -61,7 +84,8 @@ def fresh_clone(target: Path) -> str:
 def measure(work: Path, environment: dict[str, str], make_args: list[str]) -> dict:
     clone = work / "clone"
     commit = fresh_clone(clone)
-    setup = timed(["make", "setup", *make_args], clone, environment)
+    cache = pip_cache()
+    setup = {**timed(["make", "setup", *make_args], clone, environment), "pip_cache_before": cache}
     conversion = timed([str(clone / ".venv" / "bin" / "python"), "-c", CONVERT], clone, environment)
     runs = [timed(command.split(), clone, environment) for command in RUNS]
     return {"commit": commit, "setup": setup, "conversion": conversion, "runs": runs}
@@ -85,12 +109,17 @@ def main() -> int:
             print(f"clone kept: {work / 'clone'}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    quiet = all(step["load_average_before"] < 0.5 for step in [measured["setup"], *measured["runs"]])
+    quiet = all(step["load_average_before"] < QUIET for step in [measured["setup"], *measured["runs"]])
+    megabytes = measured["setup"]["pip_cache_before"]["megabytes"]
     report = {
         "what": "README's first commands timed on a fresh clone (make setup, the default model's one-time "
-        f"conversion{' (already cached)' if args.cache else ''}, then each run), on {os.cpu_count()} CPU cores, "
-        f"{'with nothing else running' if quiet else 'NOT quiet: another load ran (see load_average_before)'}",
+        f"conversion{' (already cached)' if args.cache else ''}, then each run, timed after both), on "
+        f"{os.cpu_count()} CPU cores, "
+        f"{'with nothing else running' if quiet else 'NOT quiet: another load ran (see load_average_before)'}, "
+        f"pip's cache {'warm' if megabytes >= WARM_MEGABYTES else 'cold'} ({megabytes} MB before make setup)",
         "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
         "shared_data": environment["KVET_SHARED_DATA"],
         **measured,
     }

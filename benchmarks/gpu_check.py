@@ -48,7 +48,8 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the checkout's o
 from evaluation.catalogue.specs import DEFAULT_PRESSES  # noqa: E402
 from evaluation.cli.main import parser_for_every_command  # noqa: E402
 from evaluation.errors import MemoryRefusal, first_line  # noqa: E402
-from evaluation.protocols.protocol import protocols  # noqa: E402
+from evaluation.protocols import shipped_work  # noqa: E402, F401 (registers each protocol's work)
+from evaluation.protocols.shipped import protocols  # noqa: E402
 from evaluation.runs.models import BYTE_CHAT_TEMPLATE, ModelSettings, byte_tokenizer  # noqa: E402
 from evaluation.runs.store import MemoryStore  # noqa: E402
 from evaluation.runs.terminal import quiet_libraries  # noqa: E402

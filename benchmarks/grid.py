@@ -3,9 +3,10 @@
 For each of the first ``--n`` multi_news examples (full default truncation), one process times the cells of
 ``--presses`` at keep 50% and 25% (default the default grid: 5 presses x 2 budgets + full cache, 11 cells;
 ``make bench`` also runs the 13 cells the shared path's goal was set on, the default grid and KVPress's own TOVA,
-into ``grid_goal.json``) twice: on the per-cell reference path (one KVPress prefill and one batch-1 decode per
-cell, eager attention for H2O) and on the shared path (one full-cache prefill, every press's cache derived from
-it, one batched decode). The path that runs first alternates from example to example. Prints and writes each
+into ``grid_goal.json``) twice, as a run computes them (``longbench.work.case_rows``): on the per-cell reference
+path (one KVPress prefill and one batch-1 decode per cell, eager attention for H2O) and on the shared path (one
+full-cache prefill, every press's cache derived from it, one batched decode; a press that runs forwards of its
+own, per cell). The path that runs first alternates from example to example. Prints and writes each
 example's wall times, their ratio and the median ratio, and how many cells predicted the same text on both paths.
 
 Then the Ray backend: the CLI's default grid (shared path) on ``--ray-n`` examples truncated to ``--ray-max-length``
@@ -21,12 +22,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from report import write_report
 
+from evaluation.catalogue.budgets import parse_budgets, press_cells
+from evaluation.catalogue.resolved import resolve_presses
 from evaluation.catalogue.specs import DEFAULT_PRESSES
+from evaluation.protocols.longbench.config import LongBenchConfig
+from evaluation.protocols.longbench.work import case_rows, cases
+from evaluation.protocols.options import DEFAULT_RATIOS
 from evaluation.runs.data_location import shared_data
+from evaluation.runs.models import ModelSettings
+from evaluation.runs.terminal import quiet_libraries
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,15 +82,6 @@ def ray_workers(args: argparse.Namespace) -> dict:
 def multi_news_grid(presses: list[str], n: int, data: Path, max_length: int | None = None) -> tuple:
     """SmolLM2 loaded, a LongBench config of ``presses`` at keep 50% and 25% on multi_news, its cells, and each of
     the first ``n`` examples as a case (official truncation unless ``max_length``)."""
-    from evaluation.catalogue.budgets import parse_budgets, press_cells
-    from evaluation.catalogue.resolved import resolve_presses
-    from evaluation.protocols.longbench.cells import case_of, prompt_budget
-    from evaluation.protocols.longbench.config import LongBenchConfig
-    from evaluation.protocols.longbench.data import load_configs, load_task
-    from evaluation.protocols.longbench.protocol import DEFAULT_RATIOS
-    from evaluation.runs.models import ModelSettings
-    from evaluation.runs.terminal import quiet_libraries
-
     settings = ModelSettings()
     quiet_libraries()
     model, tokenizer = settings.load()
@@ -96,30 +96,22 @@ def multi_news_grid(presses: list[str], n: int, data: Path, max_length: int | No
         data_dir=str(data),
         output=Path(tempfile.mkdtemp()),
     )
-    task = load_configs(data, config.tasks)["multi_news"]
     cells = press_cells(resolve_presses(config.presses), config.budgets, "")
-    budget = prompt_budget(config, model, tokenizer, task)
-    examples = [case_of(example, task, tokenizer, budget, False) for example in load_task(data, "multi_news", n)]
-    return model, tokenizer, config, cells, examples
+    return model, tokenizer, config, cells, cases(config, model, tokenizer)
 
 
 def shared_against_per_cell(args: argparse.Namespace) -> dict:
-    from evaluation.protocols.single_turn.cells import run_cell, run_shared
-
     model, tokenizer, config, cells, examples = multi_news_grid(args.presses, args.n, args.data)
     report: dict = {"presses": args.presses, "cells": len(cells), "examples": []}
     for index, example in enumerate(examples):
         seconds, predictions = {}, {}
         for path in ("shared", "per-cell") if index % 2 == 0 else ("per-cell", "shared"):
             start = time.perf_counter()
-            if path == "shared":
-                rows = run_shared(model, tokenizer, config, example, cells)
-            else:
-                rows = [run_cell(model, tokenizer, config, example, *cell) for cell in cells]
+            rows = case_rows(model, tokenizer, replace(config, path=path), example, cells)
             seconds[path] = time.perf_counter() - start
-            predictions[path] = [row["prediction"] for row in rows]
+            predictions[path] = {(row["press"], row["budget"]): row["prediction"] for row in rows}
             print(f"{example.id}: {path} {seconds[path]:.1f} s", flush=True)
-        same = sum(a == b for a, b in zip(predictions["shared"], predictions["per-cell"], strict=True))
+        same = sum(prediction == predictions["per-cell"][cell] for cell, prediction in predictions["shared"].items())
         report["examples"].append(
             {
                 "id": example.id,

@@ -24,6 +24,7 @@ from grid import multi_news_grid
 from report import write_report
 
 from evaluation.catalogue.specs import DEFAULT_PRESSES
+from evaluation.protocols.longbench.work import case_rows
 from evaluation.runs.data_location import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +43,6 @@ def main() -> None:
 
 
 def with_and_without(args: argparse.Namespace) -> dict:
-    from evaluation.protocols.single_turn.cells import run_shared
-
     model, tokenizer, config, cells, examples = multi_news_grid(args.presses, args.n, args.data, args.max_length)
     report: dict = {"presses": args.presses, "cells": len(cells), "examples": []}
     for index, example in enumerate(examples):
@@ -51,7 +50,7 @@ def with_and_without(args: argparse.Namespace) -> dict:
         for forced in (True, False) if index % 2 == 0 else (False, True):
             run = example if forced else replace(example, gold=None)
             start = time.perf_counter()
-            rows = run_shared(model, tokenizer, config, run, cells)
+            rows = case_rows(model, tokenizer, config, run, cells)
             seconds[forced] = time.perf_counter() - start
             predictions[forced] = [row["prediction"] for row in rows]
             tokens[forced] = [row.get("answer_tokens") for row in rows]

@@ -22,7 +22,9 @@ from pathlib import Path
 from grid import multi_news_grid
 from report import write_report
 
+from evaluation.protocols.longbench.work import case_rows
 from evaluation.runs.data_location import shared_data
+from presses.harness import language_model
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ["full", "snapkv", "h2o", "streaming_llm", "tova", "rmm", "rmm(lag=64)"]  # make eval-longbench-committed
@@ -30,14 +32,11 @@ COMMITTED = ["full", "snapkv", "h2o", "streaming_llm", "tova", "rmm", "rmm(lag=6
 
 def timed(model, tokenizer, config, case, cells) -> tuple[float, int, list[float]]:
     """One example's cells on the shared path: seconds, decoder forwards, each cell's answer NLL."""
-    from evaluation.protocols.single_turn.cells import run_shared
-    from presses.teacher_forcing import language_model
-
     calls = []
     hook = language_model(model).register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         start = time.perf_counter()
-        rows = run_shared(model, tokenizer, config, case, cells)
+        rows = case_rows(model, tokenizer, config, case, cells)
         seconds = time.perf_counter() - start
     finally:
         hook.remove()

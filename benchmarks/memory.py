@@ -36,7 +36,22 @@ import dataclasses, json, resource, sys, tempfile, time
 from pathlib import Path
 import torch
 from transformers import DynamicCache
-if Path("evaluation/protocols/single_turn").is_dir():  # cells of a case, shared by the single-turn protocols
+if Path("evaluation/engine/serving.py").is_file():  # the engine's cell server, its cells' presses resolved
+    from evaluation.catalogue.budgets import Budget, Cell
+    from evaluation.catalogue.resolved import resolve_press
+    from evaluation.protocols.longbench.cells import case_of
+    from evaluation.protocols.longbench.config import LongBenchConfig
+    from evaluation.protocols.longbench.data import load_configs, load_task
+    from evaluation.protocols.longbench.prompts import build_prompt
+    from evaluation.protocols.single_turn import cells as single_turn
+    from evaluation.runs.models import ModelSettings
+    from evaluation.runs.terminal import quiet_libraries
+
+    def run_shared(model, tokenizer, config, task, example, prompt, cells):
+        grid = [Cell(resolve_press(press), budget) for press, budget in cells]
+        case = case_of(example, task, tokenizer, length, False)
+        return list(single_turn.run_cells(model, tokenizer, config, case, grid))
+elif Path("evaluation/protocols/single_turn").is_dir():  # cells of a case, shared by the single-turn protocols
     from evaluation.catalogue.budgets import Budget
     from evaluation.protocols.longbench.cells import case_of
     from evaluation.protocols.longbench.config import LongBenchConfig
@@ -77,7 +92,8 @@ example = dataclasses.replace(examples[0], context="\\n\\n".join(e.context for e
 prompt = build_prompt(example, task, tokenizer, length, query_aware=False)
 budgets = [Budget("ratio", 0.5), Budget("ratio", 0.75)]
 output = Path(tempfile.mkdtemp())
-config = LongBenchConfig(ModelSettings(), ["multi_news"], presses, budgets, 1, False, str(data), output)
+config = LongBenchConfig(model=ModelSettings(), tasks=["multi_news"], presses=presses, budgets=budgets, n=1,
+                         query_aware=False, data_dir=str(data), output=output)
 cells = [(presses[0], None)] + [(press, budget) for press in presses[1:] for budget in budgets]  # full first
 layers, heads, dim = model.config.num_hidden_layers, model.config.num_key_value_heads, model.config.head_dim
 kv = 2 * layers * heads * dim * prompt.context_ids.shape[1] * 4

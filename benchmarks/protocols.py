@@ -28,34 +28,39 @@ from pathlib import Path
 
 import torch
 from report import write_report
+from transformers import DynamicCache
 
+from evaluation.catalogue.budgets import Budget, press_cells, ratio_for
+from evaluation.catalogue.resolved import make_press, resolve_press, resolve_presses
+from evaluation.catalogue.specs import DEFAULT_PRESSES
+from evaluation.engine.decoding import decode, decode_batch
+from evaluation.engine.history import History
+from evaluation.protocols.locomo.data import load_conversations
+from evaluation.protocols.locomo.task import LOCOMO
+from evaluation.protocols.longbench.config import LongBenchConfig
+from evaluation.protocols.longbench.work import cases
+from evaluation.protocols.streaming.framing import Framing
+from evaluation.protocols.streaming.placements import fit_sessions
 from evaluation.runs.data_location import shared_data
+from evaluation.runs.models import ModelSettings
+from evaluation.runs.terminal import quiet_libraries
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
-    from evaluation.catalogue.budgets import Budget, ratio_for
-    from evaluation.catalogue.resolved import make_press, resolve_press
-    from evaluation.catalogue.specs import DEFAULT_PRESSES
-    from evaluation.engine.history import History
-    from evaluation.protocols.locomo.data import load_conversations
-    from evaluation.protocols.locomo.render import gold_answer, question_prompt, render_conversation
-    from evaluation.protocols.streaming.framing import Framing
-    from evaluation.protocols.streaming.placements import fit_sessions
-
     conversation = next(c for c in load_conversations(args.locomo) if c.sample_id == args.conversation)
     sessions = fit_sessions(
-        lambda s: Framing(tokenizer, render_conversation(conversation, s)), conversation, args.history_tokens
+        lambda s: Framing(tokenizer, LOCOMO.text(conversation, s)), conversation, args.history_tokens
     )
-    framing = Framing(tokenizer, render_conversation(conversation, sessions))
+    framing = Framing(tokenizer, LOCOMO.text(conversation, sessions))
     budget = Budget("tokens", 1800)
     presses = [name for name in DEFAULT_PRESSES if name != "full"]
     history = History(model, frozenset({"answer"}), [resolve_press(name).needs for name in presses])
     history.extend(framing.start_ids(), "conversation")
     messages, kinds, rows = [], ["conversation"] * history.length, []
     for question in conversation.questions[: args.questions]:
-        prompt, answer = question_prompt(conversation, question), gold_answer(question)
+        prompt, answer = LOCOMO.question_prompt(conversation, question), LOCOMO.gold_answer(question)
         turn = [(framing.question_ids(messages, prompt), "question")]
         turn.append((framing.answer_ids(messages, prompt, answer), "answer"))
         messages += [("user", prompt), ("assistant", answer)]
@@ -90,19 +95,20 @@ def locomo_history(args: argparse.Namespace, model, tokenizer) -> dict:
 
 
 def longbench_decoding(args: argparse.Namespace, model, tokenizer) -> dict:
-    from evaluation.catalogue.budgets import Budget, press_cells, ratio_for
-    from evaluation.catalogue.resolved import make_press, resolve_presses
-    from evaluation.engine.decoding import decode, decode_batch
-    from evaluation.engine.history import History
-    from evaluation.protocols.longbench.data import load_configs, load_task
-    from evaluation.protocols.longbench.prompts import build_prompt
-
-    task = load_configs(args.longbench, ["multi_news"])["multi_news"]
-    example = load_task(args.longbench, "multi_news", 1)[0]
-    prompt = build_prompt(example, task, tokenizer, args.max_length, query_aware=False)
+    budgets = [Budget("ratio", 0.5), Budget("ratio", 0.75)]
+    config = LongBenchConfig(
+        model=ModelSettings(),
+        data_dir=str(args.longbench),
+        presses=args.presses,
+        budgets=budgets,
+        n=1,
+        max_length=args.max_length,
+        output=ROOT,
+    )
+    prompt = cases(config, model, tokenizer)[0].prompt
     length = prompt.context_ids.shape[1]
-    cells = press_cells(resolve_presses(args.presses), [Budget("ratio", 0.5), Budget("ratio", 0.75)], "")
-    presses = [make_press(name, ratio_for(budget, length)) for name, budget in cells]
+    cells = press_cells(resolve_presses(args.presses), budgets, "")
+    presses = [cell.press.build(ratio_for(cell.budget, length)) for cell in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(prompt.context_ids[0].tolist(), "context")
     caches = [history.compress(press) for press in presses]
@@ -148,8 +154,6 @@ def projection_ceiling(model, batch: int, repeats: int) -> dict:
 
 
 def _copy(cache):
-    from transformers import DynamicCache
-
     copy = DynamicCache()
     for index, layer in enumerate(cache.layers):
         copy.update(layer.keys.clone(), layer.values.clone(), index)
@@ -174,9 +178,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/protocols.json")
     args = parser.parse_args()
-    from evaluation.runs.models import ModelSettings
-    from evaluation.runs.terminal import quiet_libraries
-
     quiet_libraries()
     model, tokenizer = ModelSettings().load()
     with torch.no_grad():

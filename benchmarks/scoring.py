@@ -27,9 +27,15 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from report import write_report
+from transformers import DynamicCache
 
+from evaluation.catalogue.resolved import resolve_press
+from evaluation.catalogue.specs import FULL_CACHE
 from evaluation.runs.data_location import shared_data
+from evaluation.runs.models import load_model
+from evaluation.runs.terminal import quiet_libraries
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNKED = "rmm(correctness='uniform')"
@@ -38,8 +44,6 @@ MODES = ("sdpa", "h2o", CHUNKED, "rmm(correctness='uniform',fused_attention=True
 
 def token_ids(tokenizer, data: Path, length: int):
     """The first ``length`` tokens of the multi_news contexts, concatenated in file order."""
-    import torch
-
     ids: list[int] = []
     with data.open() as handle:
         for line in handle:
@@ -51,14 +55,6 @@ def token_ids(tokenizer, data: Path, length: int):
 
 def child(mode: str, length: int, data: Path) -> None:
     """One measured prefill; prints {"seconds", "peak_rss_gb"} as JSON."""
-    import torch
-    from transformers import DynamicCache
-
-    from evaluation.catalogue.resolved import resolve_press
-    from evaluation.catalogue.specs import FULL_CACHE
-    from evaluation.runs.models import load_model
-    from evaluation.runs.terminal import quiet_libraries
-
     quiet_libraries()
     resolved = resolve_press(FULL_CACHE if mode == "sdpa" else mode)
     press = resolved.build(0.5)

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-CORRECTNESS = ("uniform", "teacher_forced", "confidence", "supplied")
+CORRECTNESS = ("uniform", "teacher_forced", "confidence", "random", "supplied")
 
 
 @dataclass(frozen=True)
@@ -23,14 +23,23 @@ class ColumnSums:
     """``sum over rows t of w(t) a(t -> k)`` per query head: over every row t >= k (``lag=None``, H2O's sums,
     the diagonal included) or over Eq. 1's window k < t <= k + lag; w(t) is 1 (``uniform``), the model's
     teacher-forced correctness (``teacher_forced``), the probability of its top-1 prediction at t
-    (``confidence``) or weights a caller supplied (``supplied``)."""
+    (``confidence``), the random control drawn with ``seed`` (``random``, ``presses.random_weights``) or weights a
+    caller supplied (``supplied``)."""
 
     lag: int | None = None
     correctness: str = "uniform"
+    seed: int | None = None  # the random control's only
 
     def __post_init__(self) -> None:
         if self.correctness not in CORRECTNESS:
             raise ValueError(f"correctness must be one of {CORRECTNESS}, got {self.correctness!r}")
+        if (self.seed is None) != (self.correctness != "random"):
+            raise ValueError(f"a seed goes with correctness='random' and only with it, got {self!r}")
+
+    @property
+    def weighting(self) -> str:
+        """The row weights the sums read, by name: the correctness mode, and the random control's seed."""
+        return self.correctness if self.seed is None else f"{self.correctness}(seed={self.seed})"
 
 
 H2O_SUMS = ColumnSums()

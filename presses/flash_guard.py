@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from presses.teacher_forcing import WrapperBound, input_ids_of, language_model
+from presses.model_hooks import WrapperBound, input_ids_of, language_model
 
 
 def check_flash_padding(model: PreTrainedModel, args: tuple, kwargs: dict) -> None:

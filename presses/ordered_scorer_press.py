@@ -13,17 +13,22 @@ from transformers import PreTrainedModel
 from presses.flash_guard import FlashGuard
 
 
-def kept_indices(scores: torch.Tensor, n_kept: int, keep_older: bool = False) -> torch.Tensor:
+def kept_indices(scores: torch.Tensor, n_kept: int, keep_older: bool = False, tolerance: float = 0.0) -> torch.Tensor:
     """Indices of the ``n_kept`` highest scores along the last axis, in ascending order (NaN counts as +inf).
 
     Ties evict the lower position (the order of a stable ascending sort, whose first ``k_len - n_kept`` entries
     are the evicted ones), or with ``keep_older`` the higher one (a stable descending sort keeps the lower
     first). Decided without a sort or a wait for the device: every score above the ``n_kept``-th highest stays,
-    and of those equal to it as many as fit, from the end that ties keep.
+    and of those equal to it as many as fit, from the end that ties keep. With a ``tolerance`` > 0, a score within
+    ``tolerance`` times the ``n_kept``-th highest's magnitude of it (a finite one) counts as equal to it: scores
+    equal in exact arithmetic that float rounding set apart still tie.
     """
     scores = scores.nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
     threshold = scores.topk(n_kept, dim=-1).values[..., -1:] if n_kept else scores.new_full((1,), float("inf"))
-    above, tied = scores > threshold, scores == threshold
+    tied = scores == threshold
+    if tolerance:
+        tied |= threshold.isfinite() & ((scores - threshold).abs() <= tolerance * threshold.abs())
+    above = (scores > threshold) & ~tied
     room = n_kept - above.sum(-1, keepdim=True)
     rank = tied.cumsum(-1) if keep_older else tied.flip(-1).cumsum(-1).flip(-1)
     kept = above | (tied & (rank <= room))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from presses.teacher_forcing import hooks_suspended, language_model
+from presses.model_hooks import hooks_suspended, language_model
 
 VOCABULARY_CHUNK = 4096  # vocabulary rows whose layer-0 values are compared at a time
 

@@ -10,6 +10,7 @@ from kvpress.utils import compute_n_kept
 from torch import nn
 from transformers import PreTrainedModel
 
+from presses.budget import protected_refusal
 from presses.ordered_scorer_press import OrderedScorerPress, check_compression_ratio, gather_kept, kept_indices
 
 
@@ -95,10 +96,8 @@ class RecentWindowPress(BasePress):
         if self.compression_ratio == 0:
             return keys, values
         n_kept = compute_n_kept(keys.shape[2], self.compression_ratio)
-        if self.window >= n_kept:
-            raise ValueError(
-                f"RecentWindowPress(window={self.window}) never evicts its {self.window} newest positions, but the "
-                f"budget keeps only {n_kept}: use a window below {n_kept}"
-            )
+        refusal = protected_refusal(type(self).__name__, "window", self.window, n_kept)
+        if refusal:
+            raise ValueError(refusal)
         scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
         return gather_kept(keys, values, kept_indices(scores, n_kept))

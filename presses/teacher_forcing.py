@@ -9,24 +9,19 @@ norm.
 
 from __future__ import annotations
 
-import weakref
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import torch
-from kvpress.presses.base_press import BasePress
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
 from presses.attention import host_values
+from presses.model_hooks import WrapperBound, hooks_suspended, input_ids_of, language_model
 from presses.smoother import Confirmation
-from presses.wrapped import every_press
 
 LOGIT_CHUNK_SIZE = 512
-CORRECTNESS_MODES = ("teacher_forced", "confidence", "uniform")
-FROM_PREDICTIONS = ("teacher_forced", "confidence")  # the modes whose weights a ``Transcript`` records
+CORRECTNESS_MODES = ("teacher_forced", "confidence", "uniform", "random")
+FROM_PREDICTIONS = ("teacher_forced", "confidence", "random")  # the modes whose weights a ``Transcript`` records
 
 
 def checked_correctness(correctness: str | torch.Tensor | Sequence[float]) -> str | torch.Tensor:
@@ -45,11 +40,6 @@ def checked_correctness(correctness: str | torch.Tensor | Sequence[float]) -> st
             f"(batch, length); got shape {tuple(weights.shape)}"
         )
     return weights if weights.ndim == 2 else weights.unsqueeze(0)
-
-
-def language_model(model: PreTrainedModel) -> nn.Module:
-    """The decoder stack of a causal LM (the module whose output is the final normed hidden state)."""
-    return model.model.language_model if hasattr(model.model, "language_model") else model.model
 
 
 @torch.no_grad()
@@ -98,27 +88,6 @@ def teacher_forced_correctness(
     correct = torch.ones(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     correct[:, :-1] = (predicted == input_ids[:, 1:]).float()
     return correct
-
-
-@contextmanager
-def hooks_suspended(model: nn.Module) -> Iterator[None]:
-    """Run ``model`` with every forward hook and pre-hook of its modules switched off, then restore them.
-
-    Used for a pre-pass inside another press's hooks, which must neither compress nor record anything.
-    """
-    saved = [(module, module._forward_hooks, module._forward_pre_hooks) for module in model.modules()]
-    try:
-        for module, _, _ in saved:
-            module._forward_hooks, module._forward_pre_hooks = OrderedDict(), OrderedDict()
-        yield
-    finally:
-        for module, hooks, pre_hooks in saved:
-            module._forward_hooks, module._forward_pre_hooks = hooks, pre_hooks
-
-
-def input_ids_of(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """The ``input_ids`` a decoder stack was called with (None when it was given ``inputs_embeds``)."""
-    return kwargs.get("input_ids", args[0] if args else None)
 
 
 def shared_run(kwargs: dict, length: int) -> list[int] | None:
@@ -176,44 +145,6 @@ class Spans:
 
     def covers(self, start: int, stop: int) -> bool:
         return any(first <= start and stop <= last for first, last in self.ranges)
-
-
-class WrapperBound:
-    """Hooks on the model whose lifetime is the attention hooks of the press that runs ``owner`` (itself or a
-    wrapper holding it): ``_bind_to_wrapper`` ties them on their first call, and once those hooks are removed (the
-    press's context exits), these are removed too."""
-
-    def __init__(self) -> None:
-        self.handles: list[RemovableHandle] = []
-        self._bound: list[weakref.finalize] = []
-
-    @property
-    def attached(self) -> bool:
-        return bool(self.handles)
-
-    def detach(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        for bound in self._bound:
-            bound.detach()
-        self.handles, self._bound = [], []
-
-    def _bind_to_wrapper(self, model: PreTrainedModel, owner: object) -> bool:
-        """Tie the hooks' lifetime to the wrapper's attention hooks; False (and detach) when none is left."""
-        if self._bound:
-            return True
-        attention = language_model(model).layers[0].self_attn
-        holders = [(hook, getattr(hook, "__self__", None)) for hook in attention._forward_hooks.values()]
-        hooks = [
-            hook
-            for hook, holder in holders
-            if isinstance(holder, BasePress) and any(press is owner for press in every_press(holder))
-        ]
-        if not hooks:
-            self.detach()
-            return False
-        self._bound = [weakref.finalize(hook, self.detach) for hook in hooks]
-        return True
 
 
 class Transcript(WrapperBound):
@@ -340,6 +271,13 @@ class Transcript(WrapperBound):
         recorded = _read(self.tokens, positions) >= 0
         correct = torch.where(recorded, (predicted == following).float(), 1.0)
         return correct, ~recorded | ((predicted >= 0) & (following >= 0))
+
+    def correctness_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per sequence, over positions 0..length-1: ``confirm``'s correctness and whether it is settled, and whether
+        a token was recorded there (a row whose weight is its correctness): (batch, length) each."""
+        positions = torch.arange(length, device=self.tokens.device).expand(self.tokens.shape[0], -1)
+        correct, settled = self.confirm(positions)
+        return correct, settled, _read(self.tokens, positions) >= 0
 
     def confident_weights(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per (batch, position) at ``positions`` (batch, k): the probability of the top-1 prediction at p; and

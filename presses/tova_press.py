@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from presses.attention import attention_rows, group_mean, recomputed_keys
+from presses.fingerprints import key_marks, nearest_slots
 from presses.ordered_scorer_press import OrderedScorerPress
-from presses.smoother import key_marks, nearest_slots
 
 
 @dataclass

@@ -5,13 +5,14 @@ LongBench paths and in the streamed protocols; computing it leaves every greedy 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from evaluation.catalogue.budgets import Budget, parse_budgets, ratio_for
+from evaluation.catalogue.budgets import Budget, Cell, parse_budgets, ratio_for
 from evaluation.catalogue.resolved import resolve_press
 from evaluation.cli.main import main
 from evaluation.engine.decoding import answer_ids_of
@@ -282,9 +283,12 @@ def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2, monkeypatch):
     case = case_of(example, task, tokenizer, 1024, False)
     prompt = case.prompt
     half = Budget("ratio", 0.5)
-    config = LongBenchConfig(ModelSettings(), ["multi_news"], ["snapkv", "tova"], [half], 1, False, None, Path("-"))
-    shared = cells.run_shared(model, tokenizer, config, case, [("full", None), ("snapkv", half)])
-    per_cell = cells.run_cell(model, tokenizer, config, case, "tova", half)
+    snapkv, tova = Cell(resolve_press("snapkv"), half), Cell(resolve_press("tova"), half)
+    config = LongBenchConfig(
+        model=ModelSettings(), tasks=["multi_news"], presses=["snapkv", "tova"], budgets=[half], n=1, output=Path("-")
+    )
+    shared = list(cells.run_cells(model, tokenizer, config, case, [Cell(resolve_press("full"), None), snapkv]))
+    [per_cell] = cells.run_cells(model, tokenizer, replace(config, path="per-cell"), case, [tova])
     model.set_attn_implementation("sdpa")
     answer = cells.gold_answer_ids(tokenizer, case)
     context, question = prompt.context_ids, prompt.question_ids[0].tolist()
@@ -297,7 +301,7 @@ def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2, monkeypatch):
         assert row["answer_nll"] == pytest.approx(expected, abs=TOLERANCE), row["press"]
     assert shared[0]["answer_nll"] != shared[1]["answer_nll"]
     monkeypatch.setattr(cells, "gold_answer_ids", lambda tokenizer, case: [])
-    plain = cells.run_shared(model, tokenizer, config, case, [("full", None), ("snapkv", half)])
+    plain = list(cells.run_cells(model, tokenizer, config, case, [Cell(resolve_press("full"), None), snapkv]))
     assert [row["prediction"] for row in plain] == [row["prediction"] for row in shared], "the same generations"
 
 
@@ -305,7 +309,9 @@ def test_smollm2_answer_likelihood_on_a_multi_news_prompt(smollm2, monkeypatch):
 def test_a_probe_row_holds_its_gold_answer_likelihood(tmp_path, reasoning):
     model, tokenizer = tiny_model("llama", "sdpa", vocab_size=260), byte_tokenizer()
     probe = probes(5, 1)[0]
-    config = ProbeConfig(ModelSettings(), 5, 1, reasoning, tmp_path, max_new_tokens=40)
+    config = ProbeConfig(
+        model=ModelSettings(), seed=5, probes=1, reasoning=reasoning, output=tmp_path, max_new_tokens=40
+    )
     rows = probe_rows((model, tokenizer), probe, config)
     ids, _ = prompt_ids(tokenizer, probe, reasoning)
     text = f"{probe.answer}." if not reasoning else gold_answer(probe, True)

@@ -112,12 +112,12 @@ def test_allow_import_imports_and_checks_the_class_before_it_is_built(imported):
     assert imported.exists()
     press = make_press(f"{MODULE}:Own(0.25)", allow_import=True)
     assert isinstance(press, KnormPress) and type(press).__name__ == "Own" and press.compression_ratio == 0.25
-    assert resolve_press(f"{MODULE}:Own(0.25)").label == f"{MODULE}:Own(0.25)"  # a run's lookups find it
+    assert resolve_press(f"{MODULE}:Own(0.25)", allow_import=True).label == f"{MODULE}:Own(0.25)"
     assert resolve_presses([f"{MODULE}:Own(0.25)"], allow_import=True, dry_run=True)[0].dry  # as a dry run says
     with pytest.raises(EvaluationError, match="pass --allow-import"):
         resolve_presses([f"{MODULE}:Own(0.25)"])  # resolved before, but this run does not allow it
     with pytest.raises(EvaluationError, match="pass --allow-import"):
-        resolve_press(f"{MODULE}:Own(0.5)")  # a lookup resolves no import path of its own
+        resolve_press(f"{MODULE}:Own(0.25)")  # resolved before, but never remembered: this call does not allow it
 
 
 def test_allow_import_is_taken_from_the_command_line_only(imported, data, tmp_path, capsys):

@@ -6,31 +6,41 @@ loads, but for one short perplexity run on a tiny model."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import random
 import re
 import shutil
+import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kvpress import KnormPress
+from kvpress import KnormPress, SnapKVPress
 
 from evaluation.catalogue.specs import canonical
 from evaluation.cli.main import main
 from evaluation.errors import EvaluationError
+from evaluation.protocols.kvpress.columns import KVPressExample, export_parquet, read_examples
 from evaluation.protocols.perplexity.work import BYTES_PER_TOKEN, text_file
-from evaluation.protocols.traces.record import text_tokens
-from evaluation.runs.models import load_model
+from evaluation.protocols.ruler.needle import MAX_NEW_TOKENS as NEEDLE_ANSWER
+from evaluation.protocols.ruler.tasks import ruler_task
+from evaluation.protocols.shipped import protocols
+from evaluation.protocols.single_turn.config import SingleTurnConfig
+from evaluation.protocols.single_turn.examples import case_of, first_answer
+from evaluation.protocols.texts import text_tokens
+from evaluation.runs.models import ModelSettings, byte_tokenizer, load_model
 from evaluation.runs.store import ResultStore
-from tests.helpers import saved_chat_model, without_progress
+from tests.helpers import CHAT_TEMPLATE, saved_chat_model, without_progress
 from tests.test_bad_input import one_line_error
 from tests.test_longbench_protocol import MAX_NEW_TOKENS, PROMPTS, write_task
 
+ROOT = Path(__file__).resolve().parents[1]
 MODULE = "round4_side_effect"  # a module whose import leaves a file beside it
 
 
@@ -227,6 +237,23 @@ def test_scorecard_output_refuses_a_run_folder_and_a_folder_of_other_files(tmp_p
     assert snapshot(run) == before and snapshot(other) == {"thesis.tex": b"mine"}
 
 
+def test_an_export_is_written_beside_its_path_and_renamed_never_through_a_link(tmp_path):
+    outside = tmp_path / "outside.parquet"
+    outside.write_bytes(b"the user's own file")
+    example = KVPressExample("e", "t", "a context", "a question", "Answer:", ("a",), 4)
+    for name, link in (("hard.parquet", os.link), ("soft.parquet", os.symlink)):
+        link(outside, tmp_path / name)
+        export_parquet([example], tmp_path / name)
+        assert read_examples(tmp_path / name) == [example] and not (tmp_path / name).is_symlink()
+    assert outside.read_bytes() == b"the user's own file" and outside.stat().st_nlink == 1
+
+
+def test_an_export_into_results_needs_the_committed_flag(tmp_path, capsys):
+    argv = ["ruler", "--tasks", "niah_single_1", "--lengths", "1024", "--n", "1", "--output", str(tmp_path / "r")]
+    assert main([*argv, "--export", str(ROOT / "results" / "ruler" / "examples.parquet"), "--dry-run"]) == 2
+    assert "--export " in one_line_error(capsys) and not (ROOT / "results" / "ruler" / "examples.parquet").exists()
+
+
 # 3. The prompt budget.
 
 
@@ -254,6 +281,72 @@ def test_a_context_that_holds_them_plans_as_before(short_model, tmp_path, capsys
     assert main([*longbench_argv(data, tmp_path / "run", model=str(short_model)), "--dry-run"]) == 0
 
 
+QUESTION, PREFIX = "What is the code?", "Answer:"
+
+
+def kvpress_file(path: Path, answer_length: int, rows: int = 2) -> Path:
+    row = {"context": "amber river stone " * 40, "question": QUESTION, "answer_prefix": PREFIX, "answer": "a"}
+    lines = [json.dumps({**row, "task": "t", "max_new_tokens": answer_length}) for _ in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def after_context_bytes() -> int:
+    """What follows a context in the byte tokenizer's chat prompt (a token per byte, one per special token): the
+    question, the template's closing ``</s><s>assistant: `` and the answer prefix."""
+    return len(QUESTION) + 2 + len("assistant: ") + len(PREFIX)
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []])
+def test_every_single_turn_protocol_refuses_a_context_too_short_before_loading(short_model, tmp_path, capsys, dry_run):
+    """KVPress's datasets (--data), RULER and the needle go through LongBench's check: one line naming the numbers,
+    before any model loads (so no run folder is made), in a dry run as in a real one."""
+    model = ["--model", str(short_model), "--presses", "full", "knorm", *dry_run]
+    after = after_context_bytes()
+    data = kvpress_file(tmp_path / "long-answer.jsonl", 300)
+    assert main(["kvpress", "--dataset", "ruler", "--data", str(data), *model, "--output", str(tmp_path / "k")]) == 2
+    assert (
+        f"--model {short_model}: its context of 329 tokens cannot hold a prompt of at least 64 plus t's answer length "
+        f"of 300 and the {after} tokens after its context ({64 + 300 + after} tokens): use a model with a longer "
+        "context" in one_line_error(capsys)
+    )
+    answer = ruler_task("niah_single_1").tokens_to_generate
+    argv = ["ruler", "--tasks", "niah_single_1", "--lengths", "128", "1024", "--n", "1", *model]
+    assert main([*argv, "--output", str(tmp_path / "r")]) == 2
+    assert (
+        f"cannot hold a prompt of up to {1024 - answer} tokens generated for --lengths 1024 plus niah_single_1's "
+        f"answer length of {answer} (1024 tokens): use a model with a longer context, or shorter --lengths"
+    ) in one_line_error(capsys)
+    argv = ["needle", "--lengths", "290", "--depths", "50", *model, "--output", str(tmp_path / "n")]
+    assert main(argv) == 2
+    assert (
+        f"cannot hold a haystack prompt of up to 290 tokens (--lengths 290) plus needle_in_haystack's answer length "
+        f"of {NEEDLE_ANSWER} ({290 + NEEDLE_ANSWER} tokens)"
+    ) in one_line_error(capsys)
+    assert not any((tmp_path / name).exists() for name in "krn")
+
+
+def test_a_single_turn_context_that_holds_them_plans(short_model, tmp_path, capsys):
+    model = ["--model", str(short_model), "--presses", "full", "knorm", "--dry-run"]
+    data = kvpress_file(tmp_path / "short-answer.jsonl", 329 - 64 - after_context_bytes())
+    assert main(["kvpress", "--dataset", "ruler", "--data", str(data), *model, "--output", str(tmp_path / "k")]) == 0
+    length = 329 - NEEDLE_ANSWER
+    assert main(["needle", "--lengths", str(length), "--depths", "50", *model, "--output", str(tmp_path / "n")]) == 0
+
+
+def test_a_model_whose_context_is_known_only_once_loaded_is_checked_where_the_prompt_is_built():
+    """The prompt fills the context exactly, with what follows the context counted (the template's closing and
+    the answer prefix, not the question alone); a context that cannot hold a minimal prompt is refused."""
+    tokenizer = byte_tokenizer(CHAT_TEMPLATE)
+    example = KVPressExample("e", "t", "word " * 400, QUESTION, PREFIX, ("a",), 50)
+    config = SingleTurnConfig(model=ModelSettings("remote/model"), presses=["full"], budgets=[], output=Path("unused"))
+    case = case_of(example, tokenizer, 300, config, lambda prediction, example: 0.0, first_answer)
+    prompt = case.prompt
+    assert prompt.truncated and prompt.context_ids.shape[1] + prompt.question_ids.shape[1] + 50 == 300
+    with pytest.raises(EvaluationError, match=r"remote/model: its context of 150 tokens cannot hold a prompt of at"):
+        case_of(example, tokenizer, 150, config, lambda prediction, example: 0.0, first_answer)
+
+
 # 4. A press has one name; a name given twice runs once.
 
 
@@ -276,9 +369,26 @@ def test_every_spelling_of_a_press_is_one_name_and_one_cell(data, tmp_path, caps
 
 
 def test_two_names_of_one_press_are_refused(data, tmp_path, capsys):
-    for pair in (("knorm", "KnormPress"), ("snapkv(window_size=64)", "SnapKVPress(window_size=64)")):
+    window = SnapKVPress().window_size  # KVPress's default
+    pairs = [("knorm", "KnormPress"), ("snapkv(window_size=64)", "SnapKVPress(window_size=64)")]
+    pairs += [("snapkv", f"snapkv(window_size={window})"), ("adakv(snapkv)", "adakv(press=snapkv)")]
+    pairs += [("snapkv(window_size=8,kernel_size=3)", "snapkv(kernel_size=3,window_size=8)")]
+    for pair in pairs:
         assert main([*longbench_argv(data, tmp_path / "run", "--presses", *pair), "--dry-run"]) == 2
         assert f"press specs {pair[0]!r} and {pair[1]!r} build the same press" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("spec", ["kn orm", "snapkv(window_size=6 4)", "rmm(lag=6 4)"])
+def test_a_spec_that_does_not_parse_is_refused_not_read_without_its_spaces(data, tmp_path, capsys, spec):
+    assert main([*longbench_argv(data, tmp_path / "run", "--presses", "full", spec), "--dry-run"]) == 2
+    assert f"press spec {spec!r}" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("spec", ["snapkv(compression_ratio=0.3)", "snapkv(0.3)", "adakv(snapkv(compression_ratio=0))"])
+def test_a_spec_that_sets_the_compression_ratio_the_budget_sets_is_refused(data, tmp_path, capsys, spec):
+    """Every cell sets the ratio from its budget: the spec's would be overwritten under a name that states it."""
+    assert main([*longbench_argv(data, tmp_path / "run", "--presses", "full", spec), "--dry-run"]) == 2
+    assert "compression_ratio is the budget's to set" in one_line_error(capsys)
 
 
 def test_duplicates_in_a_config_file_and_on_the_command_line_run_once(data, tmp_path, capsys):
@@ -309,6 +419,14 @@ def test_a_text_file_that_is_not_utf8_is_one_line_naming_it(chat_model, tmp_path
     argv = ["perplexity", "--texts", "--text-file", str(text), "--presses", "full", "--length", "16"]
     assert main([*argv, "--model", str(chat_model), "--output", str(tmp_path / "run")]) == 2
     assert f"--text-file {text}: not UTF-8 (byte 3): save it as UTF-8" in one_line_error(capsys)
+
+
+def test_a_dataset_file_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(json.dumps({"context": "caf\u00e9"}, ensure_ascii=False).encode("latin-1") + b"\n")
+    argv = ["kvpress", "--dataset", "ruler", "--data", str(data), "--output", str(tmp_path / "run"), "--dry-run"]
+    assert main(argv) == 2
+    assert f"{data}: not UTF-8 (byte 16): save it as UTF-8" in one_line_error(capsys)
 
 
 def test_a_config_file_that_is_not_utf8_or_too_large_is_one_line(data, tmp_path, capsys):
@@ -355,6 +473,10 @@ def test_a_large_text_is_cut_before_it_is_read_whole_or_tokenized(tmp_path):
         (["longbench", "--max-length", "9999999"], "argument --max-length: 9999999 is above 1048576"),
         (["locomo", "--max-new-tokens", "100000"], "argument --max-new-tokens: 100000 is above 65536"),
         (["ruler", "--lengths", "4096", "2000000"], "argument --lengths: 2000000 is above 1048576"),
+        (["reuse", "--episodes", "1000000000"], "argument --episodes: 1000000000 is above 1000"),
+        (["memory", "--episodes", "20000"], "argument --episodes: 20000 is above 1000"),
+        (["probe", "--probes", "1000000"], "argument --probes: 1000000 is above 1000"),
+        (["ruler", "--n", "100000"], "argument --n: 100000 is above 1000"),
     ],
 )
 def test_numbers_that_size_memory_have_upper_bounds(argv, message, capsys):
@@ -378,109 +500,363 @@ def test_a_press_error_in_a_perplexity_cell_is_a_failed_cell(chat_model, tmp_pat
     assert "failed" in (tmp_path / "run" / "scorecard.md").read_text()
 
 
-# 6. A seeded walk: malformed run folders, configs and spec spellings through the command line.
+# 6. A seeded walk: malformed run folders, configs, spec spellings and files through the command line. Each case runs
+# in a sandbox whose every entry but the case's run folder is recorded before and after it (bytes, links, modes,
+# link counts, times): exit 0 with a correct result, or exit 2 with one line, and nothing outside the run folder
+# changed. Folder cases are real runs of one LongBench example on a tiny model; the rest are dry runs.
 
-FOLDER_DAMAGES = (
-    "hard link predictions",
-    "hard link progress",
-    "hard link scorecard",
-    "symlink run.json",
-    "foreign file",
-    "torn line",
-    "truncated run.json",
-    "output is a file",
-    "cp -al copy",
-    "empty",
-)
-CONFIG_DAMAGES = ("allow_import", "not utf-8", "duplicate presses", "duplicate key", "huge number", "null", "list")
-SPELLINGS = ("knorm", "knorm()", " knorm ", "\uff4b\uff4e\uff4f\uff52\uff4d", "knorm # c", "knorm(\t)", "knorm\n")
+WALK_CASES = 160
+WALK_PRESSES = ["full", "knorm"]
 
 
-def damaged_folder(rng: random.Random, root: Path, outside: Path) -> tuple[Path, str]:
-    """A run folder damaged one way, linked to files of ``outside`` where the damage says so."""
-    damage = rng.choice(FOLDER_DAMAGES)
-    run = root / "run"
-    run.mkdir()
-    (run / "run.json").write_text(json.dumps({"config": {}, "sessions": []}))
-    (run / "predictions.jsonl").write_text("")
-    links = {"predictions": "predictions.jsonl", "progress": "progress.log", "scorecard": "scorecard.md"}
-    if damage.startswith("hard link"):
-        name = links[damage.split()[-1]]
+def sandbox_state(root: Path, skip: Path) -> dict[str, tuple]:
+    """Every entry under ``root`` but ``skip`` and what it holds: a file by the sha256 of its bytes, its mode, link
+    count and modification time, a link by its target, anything else by its mode."""
+    state: dict[str, tuple] = {}
+    for folder, folders, files in os.walk(root):
+        base = Path(folder)
+        folders[:] = [name for name in folders if base / name != skip]
+        for name in [*folders, *files]:
+            path = base / name
+            if path == skip:
+                continue
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                held: tuple = ("link", os.readlink(path))
+            elif stat.S_ISREG(info.st_mode):
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                held = ("file", digest, info.st_mode, info.st_nlink, info.st_mtime_ns)
+            else:
+                held = ("other", info.st_mode)
+            state[str(path.relative_to(root))] = held
+    return state
+
+
+def row_results(run: Path) -> dict[tuple, tuple]:
+    """Each row of a run by its key: what it predicted and scored."""
+    rows = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+    return {(r["task"], r["id"], r["press"], r["budget"]): (r["prediction"], r["score"]) for r in rows}
+
+
+@dataclass(frozen=True)
+class Case:
+    """A case of the walk: its command line, the line an error must hold ("" for any; None: it must succeed),
+    and what a success must show (``check(out, run)``)."""
+
+    argv: list[str]
+    error: str | None
+    check: Callable[[str, Path], None] | None = None
+
+
+class Deck:
+    """Items dealt in a seeded random order, each once before any is dealt again."""
+
+    def __init__(self, rng: random.Random, items: Sequence) -> None:
+        self.rng, self.items, self.left, self.rounds = rng, list(items), [], 0
+
+    def deal(self):
+        if not self.left:
+            self.left, self.rounds = self.rng.sample(self.items, len(self.items)), self.rounds + 1
+        return self.left.pop()
+
+    @property
+    def every_one_dealt(self) -> bool:
+        return self.rounds > 1 or (self.rounds == 1 and not self.left)
+
+
+class Walk:
+    """The walk's sandbox: LongBench data, files outside any run (which damaged folders link to), a finished run
+    of the walk's grid (the correct result), and the tiny model; a deck of each kind of damage."""
+
+    def __init__(self, root: Path, model: Path, rng: random.Random) -> None:
+        self.root, self.model = root, model
+        self.folder_damages, self.config_damages = Deck(rng, FOLDER_DAMAGES), Deck(rng, CONFIG_DAMAGES)
+        self.bad_specs, self.spec_kinds = Deck(rng, BAD_SPECS), Deck(rng, ("bad", "spellings"))
+        self.data = longbench_data(root / "longbench")
+        self.outside = root / "outside"
+        self.outside.mkdir()
+        (self.outside / "lines.jsonl").write_bytes(b'{"kept": 1}\n{"torn": ')
+        (self.outside / "record.json").write_text(json.dumps({"config": {}, "sessions": []}))
+        self.finished = root / "finished"
+        assert main(self.run_argv(self.finished)) == 0
+        self.expected = row_results(self.finished)
+
+    def run_argv(self, run: Path, *extra: str) -> list[str]:
+        return [*longbench_argv(self.data, run, "--presses", *WALK_PRESSES, *extra, model=str(self.model))]
+
+    def same_rows(self, out: str, run: Path) -> None:
+        assert row_results(run) == self.expected and (run / "scorecard.md").is_file()
+
+    def folder_case(self, rng: random.Random, case: Path) -> Case:
+        """A run folder damaged one way, then a real run into it."""
+        run = case / "run"
+        damage = self.folder_damages.deal()
+        if damage != "none":
+            shutil.copytree(self.finished, run, symlinks=True)
+        error = FOLDER_DAMAGES[damage](run, self.outside, rng)
+        return Case(self.run_argv(run), error, self.same_rows if error is None else None)
+
+    def config_case(self, rng: random.Random, case: Path) -> Case:
+        """A --config file malformed one way, then a dry run (its --output from the file where the file sets one)."""
+        config = case / "run.yaml"
+        text, error, presses = self.config_damages.deal()
+        filled = text if isinstance(text, bytes) else text.replace("{case}", str(case)).replace("{root}", str(ROOT))
+        config.write_bytes(filled if isinstance(filled, bytes) else filled.encode())
+        argv = [*longbench_argv(self.data, case / "run", "--config", str(config), model=str(self.model)), "--dry-run"]
+        if "{root}" in str(text):
+            argv = [item for item in argv if item not in ("--output", str(case / "run"))]
+        return Case(argv, error, None if presses is None else grid_of(presses))
+
+    def spec_case(self, rng: random.Random, case: Path) -> Case:
+        """Press specs: spellings of presses, each spelling with the name it runs under, or a spec that is none."""
+        if self.spec_kinds.deal() == "bad":
+            bad = self.bad_specs.deal()
+            spec = bad(rng) if callable(bad) else bad
+            argv = [*longbench_argv(self.data, case / "run", "--presses", "full", spec), "--dry-run"]
+            return Case(argv, "press spec")
+        chosen = [rng.choice(SPELLINGS) for _ in range(rng.randint(1, 5))]
+        argv = [*longbench_argv(self.data, case / "run", "--presses", "full", *(s for s, _ in chosen)), "--dry-run"]
+        names = list(dict.fromkeys(["full", *(name for _, name in chosen)]))
+        same = {SAME_PRESS.get(name, name) for name in names}
+        if len(same) < len(names):
+            return Case(argv, "build the same press")
+        return Case(argv, None, grid_of(names))
+
+    def file_case(self, rng: random.Random, case: Path) -> Case:
+        """A --text-file or --config that is no readable text: a folder, a pipe, a device, bytes not UTF-8."""
+        path = case / "input"
+        kind = rng.choice(("folder", "pipe", "device", "latin-1"))
+        if kind == "folder":
+            path.mkdir()
+        elif kind == "pipe":
+            os.mkfifo(path)
+        elif kind == "latin-1":
+            path.write_bytes("caf\u00e9 ".encode("latin-1") * 20)
+        source = Path("/dev/zero") if kind == "device" else path
+        if rng.random() < 0.5:
+            argv = ["perplexity", "--texts", "--text-file", str(source), "--presses", "full", "--length", "16"]
+            argv += ["--model", str(self.model), "--output", str(case / "run")]
+            return Case(argv, f"--text-file {source}" + (": not UTF-8" if kind == "latin-1" else " is not a file"))
+        argv = [*longbench_argv(self.data, case / "run", "--config", str(source), model=str(self.model))]
+        return Case([*argv, "--dry-run"], f"--config {source}: not " + ("UTF-8" if kind == "latin-1" else "a file"))
+
+
+def grid_of(presses: list[str]) -> Callable[[str, Path], None]:
+    """A dry run's check: its grid holds each of ``presses`` once, and no other."""
+
+    def check(out: str, run: Path) -> None:
+        listed = [line.split(" @ ")[0].strip() for line in out.splitlines() if " @ " in line]
+        assert sorted(set(listed)) == sorted(presses) and len(listed) == len(set(listed)), (listed, presses)
+
+    return check
+
+
+def linked(name: str, symbolic: bool) -> Callable[[Path, Path, random.Random], str]:
+    def damage(run: Path, outside: Path, rng: random.Random) -> str:
         (run / name).unlink(missing_ok=True)
-        os.link(outside / "lines.jsonl", run / name)
-    elif damage == "symlink run.json":
-        (run / "run.json").unlink()
-        (run / "run.json").symlink_to(outside / "record.json")
-    elif damage == "foreign file":
-        (run / "run.json").unlink()
-        (run / "thesis.tex").write_text("mine")
-    elif damage == "torn line":
-        (run / "predictions.jsonl").write_text('{"task": "hotpotqa", "id": "0"')
-    elif damage == "truncated run.json":
-        (run / "run.json").write_text('{"config": {')
-    elif damage == "output is a file":
-        shutil.rmtree(run)
-        run.write_text("a file")
-    elif damage == "cp -al copy":
-        shutil.rmtree(run)
-        subprocess.run(["cp", "-al", str(outside / "run"), str(run)], check=True)
-    elif damage == "empty":
-        shutil.rmtree(run)
-        run.mkdir()
-    return run, damage
+        target = outside / ("record.json" if name == "run.json" else "lines.jsonl")
+        (run / name).symlink_to(target) if symbolic else os.link(target, run / name)
+        return "is a link" if symbolic else "names (a hard link, or a copy made with cp -al)"
 
-
-def damaged_config(rng: random.Random, path: Path) -> str:
-    damage = rng.choice(CONFIG_DAMAGES)
-    text = {
-        "allow_import": "presses: [full, knorm]\nallow_import: true\n",
-        "duplicate presses": "presses: [full, knorm, 'knorm()', 'knorm ( )']\n",
-        "duplicate key": "n: 1\nn: 2\n",
-        "huge number": f"max_length: {rng.choice([10**7, 10**30, -5])}\n",
-        "null": "presses: null\n",
-        "list": "n: [1, 2]\n",
-    }.get(damage)
-    if text is None:
-        path.write_bytes(b"presses: [kn\xf6rm]\n")
-    else:
-        path.write_text(text)
     return damage
 
 
-def test_a_seeded_walk_is_exit_0_with_a_correct_result_or_one_line_and_touches_nothing_outside(data, tmp_path, capsys):
+def rewritten(name: str, text: str, error: str | None) -> Callable[[Path, Path, random.Random], str | None]:
+    def damage(run: Path, outside: Path, rng: random.Random) -> str | None:
+        (run / name).write_text(text)
+        return error
+
+    return damage
+
+
+def cut_rows(keep: int, tail: str = "") -> Callable[[Path, Path, random.Random], None]:
+    """The first ``keep`` rows of predictions.jsonl kept, ``tail`` after them (a line a crash cut short)."""
+
+    def damage(run: Path, outside: Path, rng: random.Random) -> None:
+        rows = (run / "predictions.jsonl").read_text().splitlines(keepends=True)
+        (run / "predictions.jsonl").write_text("".join(rows[:keep]) + tail)
+
+    return damage
+
+
+def left_by_a_crash(run: Path, outside: Path, rng: random.Random) -> None:
+    (run / ".lock").write_text("")
+    (run / f".run-{rng.getrandbits(48):012x}.json").write_text('{"config"')
+    (run / f".scorecard-{rng.getrandbits(48):012x}.md").write_text("half a scorecard")
+
+
+def foreign(run: Path, outside: Path, rng: random.Random) -> str:
+    shutil.rmtree(run)
+    run.mkdir()
+    (run / rng.choice(["thesis.tex", "scorecard.md", "predictions.jsonl", "notes"])).write_text("mine")
+    return "holds no run of this harness"
+
+
+def a_file(run: Path, outside: Path, rng: random.Random) -> str:
+    shutil.rmtree(run)
+    run.write_text("a file")
+    return "it is a file, not a folder"
+
+
+def hard_linked_copy(run: Path, outside: Path, rng: random.Random) -> str:
+    shutil.rmtree(run)
+    original = outside / f"original-{rng.getrandbits(32):08x}"
+    shutil.copytree(run.parent.parent / "finished", original)
+    subprocess.run(["cp", "-al", str(original), str(run)], check=True)
+    return "names (a hard link, or a copy made with cp -al)"
+
+
+def special(name: str, kind: str) -> Callable[[Path, Path, random.Random], str]:
+    def damage(run: Path, outside: Path, rng: random.Random) -> str:
+        (run / name).unlink(missing_ok=True)
+        (run / name).mkdir() if kind == "folder" else os.mkfifo(run / name)
+        return "is not a file"
+
+    return damage
+
+
+def other_settings(run: Path, outside: Path, rng: random.Random) -> str:
+    record = json.loads((run / "run.json").read_text())
+    record["config"]["query_aware"] = not record["config"]["query_aware"]
+    (run / "run.json").write_text(json.dumps(record))
+    return "query_aware"
+
+
+def duplicated_row(run: Path, outside: Path, rng: random.Random) -> str:
+    rows = (run / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (run / "predictions.jsonl").write_text("".join(rows + rows[:1]))
+    return "a second result"
+
+
+FOLDER_DAMAGES: dict[str, Callable[[Path, Path, random.Random], str | None]] = {
+    "none": lambda run, outside, rng: None,
+    "finished": lambda run, outside, rng: None,
+    "left by a crash": left_by_a_crash,
+    "torn last line": cut_rows(1, '{"task": "hotpotqa", "id": '),
+    "a row lost": cut_rows(1),
+    "no rows": cut_rows(0),
+    "hard link predictions": linked("predictions.jsonl", symbolic=False),
+    "hard link progress": linked("progress.log", symbolic=False),
+    "hard link scorecard": linked("scorecard.md", symbolic=False),
+    "hard link run.json": linked("run.json", symbolic=False),
+    "hard link forest.png": linked("forest.png", symbolic=False),
+    "hard link contrasts.csv": linked("contrasts.csv", symbolic=False),
+    "symlink run.json": linked("run.json", symbolic=True),
+    "symlink predictions": linked("predictions.jsonl", symbolic=True),
+    "symlink progress": linked("progress.log", symbolic=True),
+    "cp -al copy": hard_linked_copy,
+    "foreign folder": foreign,
+    "output is a file": a_file,
+    "predictions is a folder": special("predictions.jsonl", "folder"),
+    "progress is a pipe": special("progress.log", "pipe"),
+    "truncated run.json": rewritten("run.json", '{"config": {', ""),
+    "run.json a list": rewritten("run.json", "[]", ""),
+    "a line not JSON": rewritten("predictions.jsonl", "not json\n", ""),
+    "a row without its key": rewritten("predictions.jsonl", '{"score": 1}\n', "not a result row"),
+    "a duplicated row": duplicated_row,
+    "other settings": other_settings,
+}
+
+CONFIG_DAMAGES: list[tuple[str | bytes, str | None, list[str] | None]] = [
+    ("presses: [full, knorm]\nallow_import: true\n", "'allow_import' is not taken from a file", None),
+    ("committed: true\n", "'committed' is not taken from a file", None),
+    ("output: {root}/results/longbench/x\n", "(they pass --committed)", None),
+    (b"presses: [kn\xf6rm]\n", "not UTF-8 (byte 12)", None),
+    ("presses: [full, knorm, 'knorm()', 'knorm ( )', '\uff4b\uff4e\uff4f\uff52\uff4d']\n", None, ["full", "knorm"]),
+    ("tasks: [hotpotqa, hotpotqa]\npresses: [full, snapkv]\n", None, ["full", "snapkv"]),
+    ("n: 1\nn: 2\n", "the key 'n' is given twice", None),
+    ("max_length: 10000000\n", "is above", None),
+    ("max_length: 1000000000000000000000000000000\n", "is above", None),
+    ("n: -5\n", "is below 1", None),
+    ("presses: null\n", None, list(protocols()["longbench"].presses or ())),
+    ("n: [1, 2]\n", "takes one value, not a list", None),
+    ("presses: [{full: 1}]\n", "takes values like --presses", None),
+    ("nn: 1\n", "unknown key 'nn'", None),
+    ("presses: !!python/object/apply:os.system ['touch {case}/ran']\n", "not a readable YAML file", None),
+    ("- full\n- knorm\n", "a mapping of option names to values, not list", None),
+    ("", None, None),
+    (
+        "presses: [&a [x, x, x, x], &b [*a, *a, *a, *a], [*b, *b, *b, *b], [*b, *b, *b, *b]]\n",
+        "takes values like",
+        None,
+    ),
+    ("presses: 'knorm # --allow-import'\n", None, ["knorm"]),
+    ("dry_run: false\n", None, None),
+]
+
+SPELLINGS = [  # a spelling and the name its press runs under
+    ("knorm", "knorm"),
+    ("knorm()", "knorm"),
+    (" knorm ", "knorm"),
+    ("\uff4b\uff4e\uff4f\uff52\uff4d", "knorm"),
+    ("knorm # the keys' norm", "knorm"),
+    ("knorm(\t)", "knorm"),
+    ("knorm\n", "knorm"),
+    ("KnormPress", "KnormPress"),
+    ("snapkv(window_size=64)", "snapkv(window_size=64)"),
+    ("snapkv(window_size=0x40)", "snapkv(window_size=64)"),
+    ("snapkv(window_size=6_4)", "snapkv(window_size=64)"),
+    ("snapkv( window_size = 64 )", "snapkv(window_size=64)"),
+    ("snapkv", "snapkv"),
+    ("snapkv()", "snapkv"),
+    ("snapkv(window_size=8)", "snapkv(window_size=8)"),
+    ("rmm(lag=64)", "rmm(lag=64)"),
+    ("rmm(lag=+64)", "rmm(lag=64)"),
+    ("rmm", "rmm"),
+    ("adakv(snapkv)", "adakv(snapkv)"),
+    ("adakv(snapkv())", "adakv(snapkv)"),
+    ("adakv(press=snapkv)", "adakv(press=snapkv)"),
+]
+SAME_PRESS = {  # names that build one press: KVPress's class name, its defaults spelled out, a keyword
+    "KnormPress": "knorm",
+    "snapkv(window_size=64)": "snapkv",
+    "adakv(press=snapkv)": "adakv(snapkv)",
+}
+BAD_SPECS: list[str | Callable[[random.Random], str]] = [
+    "knorm(",
+    "knorm)",
+    "kn orm",
+    "snapkv(window_size=6 4)",
+    "snapkv(compression_ratio=0.3)",
+    "knorm(no_such_parameter=1)",
+    "__import__('os').system('touch ran')",
+    "snapkv(window_size=10**100)",
+    "snapkv(window_size=True)",
+    "snapkv(window_size=1e309)",
+    "knorm.__class__",
+    "lambda: knorm",
+    "",
+    "#",
+    "os:system",
+    "rmm(lag='64')",
+    lambda rng: "(" * rng.randint(100, 400) + "knorm" + ")" * rng.randint(100, 400),
+    lambda rng: "adakv(" * rng.randint(30, 300) + "snapkv" + ")" * rng.randint(30, 300),
+    lambda rng: "snapkv(window_size=" + "9" * rng.randint(20, 5000) + ")",
+]
+
+
+def test_a_seeded_walk_is_exit_0_with_a_correct_result_or_one_line_and_touches_nothing_outside(
+    chat_model, tmp_path, capsys
+):
     rng = random.Random(61)
-    outside = tmp_path / "outside"
-    (outside / "run").mkdir(parents=True)
-    (outside / "lines.jsonl").write_bytes(b'{"kept": 1}\n{"torn": ')
-    (outside / "record.json").write_text(json.dumps({"config": {}, "sessions": []}))
-    (outside / "run" / "run.json").write_text(json.dumps({"config": {}, "sessions": []}))
-    (outside / "run" / "predictions.jsonl").write_text('{"task": "hotpotqa"}\n')
-    before = snapshot(outside)
-    for case in range(45):
-        root = tmp_path / f"case{case}"
-        root.mkdir()
-        kind = rng.choice(("folder", "config", "spelling"))
-        if kind == "folder":
-            run, damage = damaged_folder(rng, root, outside)
-            code = main(longbench_argv(data, run))
-            expected = "cannot load model" if damage == "empty" else ""
-        elif kind == "config":
-            config = root / "run.yaml"
-            damage = damaged_config(rng, config)
-            code = main([*longbench_argv(data, root / "run", "--config", str(config)), "--dry-run"])
-            expected = ""
-        else:
-            spellings = rng.sample(SPELLINGS, rng.randint(1, 4))
-            damage = f"spellings {spellings}"
-            code = main([*longbench_argv(data, root / "run", "--presses", "full", *spellings), "--dry-run"])
+    walk = Walk(tmp_path / "sandbox", chat_model, rng)
+    capsys.readouterr()
+    makers = Deck(rng, (walk.folder_case, walk.config_case, walk.spec_case, walk.file_case))
+    for number in range(WALK_CASES):
+        case = walk.root / f"case{number}"
+        case.mkdir()
+        made = makers.deal()(rng, case)
+        before = sandbox_state(walk.root, case / "run")
+        code = main(made.argv)
         out, err = capsys.readouterr()
         err = without_progress(err)
-        errors = [line for line in err.splitlines() if not line.startswith("note: ")]
-        assert code in (0, 2), damage
-        if code == 2:
-            assert len(errors) == 1 and errors[0].startswith("error: ") and "Traceback" not in err, (damage, err)
-            assert expected in errors[0], (damage, err)
+        errors = [line for line in err.splitlines() if "error: " in line]  # ours, or argparse's after its usage
+        where = (number, made.argv[-6:], made.error, err)
+        if made.error is None:
+            assert code == 0 and not errors, where
+            if made.check is not None:
+                made.check(out, case / "run")
         else:
-            presses = [line.split(" @ ")[0].strip() for line in out.splitlines() if " @ " in line]
-            assert presses and len(presses) == len(set(presses)), (damage, out)
-        assert snapshot(outside) == before, damage
+            assert code == 2 and len(errors) == 1 and made.error in errors[0] and "Traceback" not in err, where
+        assert sandbox_state(walk.root, case / "run") == before, where
+    assert all(deck.every_one_dealt for deck in (walk.folder_damages, walk.config_damages, walk.bad_specs))

@@ -86,16 +86,16 @@ def test_an_error_in_the_full_cache_cell_stops_the_run_and_the_rerun_resumes(
             raise ValueError("the model met an input it cannot take")
         return generate(model, context, question, press, *args, **kwargs)
 
-    import evaluation.protocols.single_turn.cells as cells
+    import evaluation.engine.serving as serving
 
-    monkeypatch.setattr(cells, "generate", failing_on_the_second_full_cell)
+    monkeypatch.setattr(serving, "generate", failing_on_the_second_full_cell)
     arguments = ("--path", "per-cell", "--presses", "full", "knorm")
     assert longbench(model_dir, data_dir, output, *arguments) == 2
     message = capsys.readouterr().err
     assert "the run stopped in" in message and "ValueError: the model met an input" in message
     first = rows_of(output)
     assert first and not any(row.get("error") for row in first), "no failed cell is recorded"
-    monkeypatch.setattr(cells, "generate", generate)
+    monkeypatch.setattr(serving, "generate", generate)
     assert longbench(model_dir, data_dir, output, *arguments) == 0
     assert rows_of(output)[: len(first)] == first and not any(row.get("error") for row in rows_of(output))
 
@@ -231,27 +231,35 @@ def test_a_press_that_asserts_in_a_stream_is_a_failed_cell_and_the_conversation_
 def test_every_cell_restores_the_models_attention(monkeypatch):
     """An eager press's per-cell run, finished or refused, leaves the model on its own attention (a later stream in
     the same process once ran AdaKV under eager attention and failed)."""
-    from evaluation.catalogue.budgets import Budget
-    from evaluation.catalogue.resolved import resolve_presses
+    from evaluation.catalogue.budgets import Budget, Cell
+    from evaluation.catalogue.resolved import resolve_press
     from evaluation.protocols.longbench.cells import case_of
     from evaluation.protocols.longbench.config import LongBenchConfig
     from evaluation.protocols.longbench.data import Example, TaskConfig
-    from evaluation.protocols.single_turn.cells import run_cell
+    from evaluation.protocols.single_turn.cells import run_cells
     from evaluation.runs.models import ModelSettings
     from tests.helpers import CHAT_TEMPLATE, byte_tokenizer, tiny_model
 
     model, tokenizer = tiny_model("llama", "sdpa", vocab_size=260), byte_tokenizer(CHAT_TEMPLATE)
-    resolve_presses(["h2o"])
-    config = LongBenchConfig(ModelSettings(), ["hotpotqa"], ["h2o"], [], None, False, None, Path("out"))
+    config = LongBenchConfig(
+        model=ModelSettings(),
+        tasks=["hotpotqa"],
+        presses=["h2o"],
+        budgets=[],
+        n=None,
+        output=Path("-"),
+        path="per-cell",
+    )
     task = TaskConfig("{context}\nQuestion: {input}\nAnswer:", 4)
     example = Example("hotpotqa", "0", "Which word?", "amber river stone " * 20, ["amber"], None)
-    cell = (model, tokenizer, config, case_of(example, task, tokenizer, 200, False), "h2o", Budget("ratio", 0.5))
-    row = run_cell(*cell)
+    case = case_of(example, task, tokenizer, 200, False)
+    cells = [Cell(resolve_press("h2o"), Budget("ratio", 0.5))]
+    [row] = run_cells(model, tokenizer, config, case, cells)
     assert row["attn_implementation"] == "eager" and not row.get("error")
     assert model.config._attn_implementation == "sdpa"
     monkeypatch.setattr(decoding, "free_memory", lambda device: 0)
     with pytest.raises(MemoryRefusal):
-        run_cell(*cell)
+        list(run_cells(model, tokenizer, config, case, cells))
     assert model.config._attn_implementation == "sdpa"
 
 
@@ -267,7 +275,10 @@ def test_a_scorer_that_fails_in_the_probe_is_its_failed_rows_and_the_others_rank
     from tests.helpers import byte_tokenizer, tiny_model
 
     model, tokenizer = tiny_model("llama", "sdpa", vocab_size=260), byte_tokenizer()
-    probe, config = probes(5, 1)[0], ProbeConfig(ModelSettings(), 5, 1, True, tmp_path, max_new_tokens=6)
+    probe, config = (
+        probes(5, 1)[0],
+        ProbeConfig(model=ModelSettings(), seed=5, probes=1, reasoning=True, output=tmp_path, max_new_tokens=6),
+    )
     before = probe_rows((model, tokenizer), probe, config)
     scores = History.scores
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.protocols.traces.policies import lag_control
+from evaluation.protocols.traces.policies import lag_control, seed_h2o
 from evaluation.protocols.traces.tova_claims import tova_claims
 from evaluation.reporting.intervals import paired
 from evaluation.reporting.scorecard import p_text
@@ -150,6 +150,7 @@ MEMORY, TRACES, REUSE, MQ = (
 
 
 RULER, NEEDLE = "ruler/smollm2-135m", "needle/smollm2-135m"
+LIKELIHOOD = "longbench/smollm2-135m-likelihood-low"
 
 
 def ruler_claims() -> list[str]:
@@ -204,6 +205,26 @@ def longbench_claims() -> list[str]:
     ]
 
 
+def likelihood_claims() -> list[str]:
+    card = scorecard(LIKELIHOOD)
+
+    def diffs(press: str, prefix: str = "") -> list[float]:
+        return [float(card["answer NLL", "multi_news", b, press][f"{prefix}diff"]) for b in ("keep 12%", "keep 25%")]
+
+    rmm = diffs("rmm")
+    mde = [float(card["answer NLL", "multi_news", b, "rmm"]["mde"]) for b in ("keep 12%", "keep 25%")]
+    others = [d for press in ("tova", "snapkv", "streaming_llm", "knorm") for d in diffs(press)]
+    failed = [int(card["answer NLL", "multi_news", b, "rmm(lag=64)"]["failed"]) for b in ("keep 12%", "keep 25%")]
+    assert failed == [2, 1]
+    assert all(line["verdict"] == "loss" for key, line in card.items() if key[2] != "full" and key[3] != "h2o")
+    return [
+        f"loses to it by {rmm[0]:.3f} and {rmm[1]:.3f} nats (MDEs {mde[0]:.3f} and {mde[1]:.3f})",
+        f"lose to H2O by {min(others):.2f} to {max(others):.2f} nats",
+        "random eviction loses to H2O by {:.2f} and {:.2f} nats".format(*diffs("random")),
+        "H2O itself to the full\n  cache by {:.2f} and {:.2f}".format(*diffs("h2o", "full_")),
+    ]
+
+
 def locomo_claims() -> list[str]:
     asked = {(r["conversation"], r["question_index"]): r for r in rows(LOCOMO)}
     over = {b: sum(q["history_tokens"] > b for q in asked.values()) for b in (512, 1800)}
@@ -220,6 +241,11 @@ def locomo_claims() -> list[str]:
 def probe_claims() -> list[str]:
     answered = {r["probe"]: r["correct"] for r in rows(PROBE)}
     middle = {r["probe"]: r["correct"] for r in rows(MIDDLE)}
+    both_5_8 = {
+        r["probe"]: r["correct"]
+        for r in rows(PROBE)
+        if r["press"] == "recency" and all(5 <= rank <= 8 for rank in r["gold_ranks"])
+    }
     ranks = markdown_line(PROBE, "Each scorer's share")[0]
     by_rank = {
         bin_: markdown_line(PROBE, f"| answered correctly, older gold fact at recency rank {bin_} | top 4 of 16 |")
@@ -244,6 +270,8 @@ def probe_claims() -> list[str]:
         f"where recency stays at {wrong_5_8[recency]}%",
         f"SmolLM2\n  answers {sum(middle.values())} of 400 correctly",
         f"but TOVA's {float(scorecard(MIDDLE)['score', 'overall', 'top 4 of 16', 'tova']['mean']):.1f}%",
+        f"({sum(both_5_8.values())} of the {len(both_5_8)} shuffled probes with both gold facts there answered "
+        "correctly)",
     ]
 
 
@@ -322,6 +350,13 @@ def lab_claims() -> list[str]:
         f"(at 512 tokens, lag 64: {recall['512 tokens', 'rmm(lag=64)']:.3f} against "
         f"{recall['512 tokens', 'recent_window(rmm,window=64)']:.3f})"
     )
+    labels = sorted({b for b, _ in recall}, key=lambda label: int(label.split()[0]))
+    belady, summed = ([recall[b, press] for b in labels] for press in ("belady", seed_h2o(32)))
+    assert all(recall[b, "belady"] < recall[b, press] for b in labels for press in ("tova", "h2o", seed_h2o(32)))
+    claims += [
+        f"scores {min(belady):.3f} to {max(belady):.3f} (the means at each budget)",
+        f"summed H2O scores {min(summed):.3f} to {max(summed):.3f}",
+    ]
     seed = tova_claims(rows(TRACES), budgets, 32)
     claims += [
         f"| {c.text} | {c.budget} | {c.tova_mass - c.seed_mass:+.3f} | {c.tova_recall:.3f} | {c.seed_recall:.3f} | "
@@ -329,12 +364,21 @@ def lab_claims() -> list[str]:
         for c in seed
     ]
     gaps = [c.tova_mass - c.seed_mass for c in seed]
+    kvpress = [c.tova_mass - c.h2o_mass for c in seed]
     at_256 = [c for c in seed if c.budget == "256 tokens"]
     assert min(gaps) > 0 and all(c.seed_recall > c.tova_recall for c in seed)
+    assert all(c.belady_recall < c.tova_recall < min(c.seed_recall, c.h2o_recall) for c in seed)
+    assert all(c.h2o_first > c.tova_first for c in at_256)
+    belady_recalls = [c.belady_recall for c in seed]
     claims += [
         f"by {min(gaps):.3f} to {max(gaps):.3f}",
-        "TOVA holds {:.1%} and\n{:.1%} of the 64 newest".format(*(c.tova_recent for c in at_256)),
+        f"TOVA's retained mass differs by {min(kvpress):+.3f} to {max(kvpress):+.3f}: a tie",
+        f"{min(kvpress):+.3f} to {max(kvpress):+.3f} against KVPress's",
+        f"scores below all three there ({min(belady_recalls):.3f} to {max(belady_recalls):.3f})",
+        "TOVA holds {:.1%} and {:.1%} of the 64 newest".format(*(c.tova_recent for c in at_256)),
         "but only {:.1%} and {:.1%} of the 4 first".format(*(c.tova_first for c in at_256)),
+        "fewer than KVPress's H2O ({:.1%} and {:.1%})".format(*(c.h2o_first for c in at_256)),
+        "(KVPress's H2O {:.1%} and {:.1%})".format(*(c.h2o_first for c in at_256)),
         "The traces put {:.3f} and {:.3f}\nof each step's attention".format(*share),
     ]
     return claims
@@ -410,6 +454,7 @@ def results_claims() -> list[str]:
     return (
         runs_claims()
         + longbench_claims()
+        + likelihood_claims()
         + locomo_claims()
         + probe_claims()
         + memory_claims()
@@ -437,10 +482,10 @@ def tokens_per_second(decoding: dict) -> str:
 def readme_claims() -> list[str]:
     first = {run["command"]: run["wall_seconds"] for run in bench("first_commands")["runs"]}
     middle = sum(r["correct"] for r in rows(MIDDLE) if r["press"] == "h2o" and r["budget"] == "top 4 of 16")
-    rmm = scorecard(LB)["answer NLL", "multi_news", "keep 50%", "rmm"]
+    rmm = [scorecard(LIKELIHOOD)["answer NLL", "multi_news", budget, "rmm"] for budget in ("keep 12%", "keep 25%")]
     full = scorecard(MQ)["score", "overall", "full", "full"]
     return [
-        f"trails H2O by {float(rmm['diff']):.3f} nats at keep 50%",
+        f"RMM trails it by {float(rmm[0]['diff']):.3f} and {float(rmm[1]['diff']):.3f} nats",
         f"it answers {middle} of 400 probes and no scorer finds them",
         f"loses most of the full cache's {float(full['mean']):.1f}%",
         f"the offline SmolLM2 wheel: {minutes(bench('first_commands')['setup']['wall_seconds'])}",

@@ -39,7 +39,7 @@ def on_devices(arch: str, devices: int | None, attention: str = "sdpa"):
 
 def shared_grid(model) -> list[list[int]]:
     cells = press_cells(resolve_presses(SHARED), [Budget("ratio", 0.5)], "")
-    presses = [make_press(name, ratio_for(budget, CONTEXT.shape[1])) for name, budget in cells]
+    presses = [cell.press.build(ratio_for(cell.budget, CONTEXT.shape[1])) for cell in cells]
     history = History(model, frozenset({"context"}), presses)
     history.extend(CONTEXT[0].tolist(), "context")
     caches = [history.compress(press) for press in presses]

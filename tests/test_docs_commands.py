@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli.main import main
-from evaluation.protocols.protocol import protocols
+from evaluation.protocols.shipped import protocols
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -65,9 +65,10 @@ def test_a_documented_command_runs_as_written(page, command, capsys, monkeypatch
 
 
 def test_a_dry_run_says_where_a_real_run_writes_and_what_it_finds_there(capsys, monkeypatch):
-    """The default folder is under scratch/; a committed folder is named with what a real run would do to it."""
+    """The default folder is under scratch/; a committed folder (with --committed, as its make target passes it) is
+    named with what a real run would do to it."""
     monkeypatch.chdir(ROOT)
-    committed = ["--output", "results/longbench/smollm2-135m"]
+    committed = ["--committed", "--output", "results/longbench/smollm2-135m"]
     grid = ["--n", "24", "--max-length", "2048", "--presses", "full", "snapkv", "h2o", "streaming_llm", "tova"]
     grid += ["rmm", "rmm(lag=64)"]
     last = []
@@ -80,3 +81,34 @@ def test_a_dry_run_says_where_a_real_run_writes_and_what_it_finds_there(capsys, 
         "there; pass another --output"
     )
     assert last[2].endswith("of these settings: a real run adds its missing cells and rewrites its scorecard")
+
+
+def committed_refusal(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --output "), lines
+    return lines[0]
+
+
+def test_an_output_under_results_needs_the_flag_only_the_committed_make_targets_pass(capsys, monkeypatch, tmp_path):
+    """results/ is written by the Makefile's committed targets alone: any other command naming a folder there, by
+    its path, a path from elsewhere or a link, is one line naming --committed, before anything is read or written;
+    a --config file cannot pass the flag."""
+    monkeypatch.chdir(ROOT)
+    before = {path: path.stat().st_mtime_ns for path in (ROOT / "results").rglob("*")}
+    (tmp_path / "link").symlink_to(ROOT / "results" / "longbench")
+    outputs = ["results/longbench/smollm2-135m", "results/longbench/new", str(ROOT / "results"), "results/../results/x"]
+    for output in [*outputs, str(tmp_path / "link" / "smollm2-135m")]:
+        error = committed_refusal(["longbench", "--n", "1", "--output", output, "--dry-run"], capsys)
+        assert "which only the Makefile's committed targets write (they pass --committed)" in error
+    committed_refusal(["scorecard", "results/longbench/smollm2-135m", "--output", "results/scorecard/x"], capsys)
+    config = tmp_path / "committed.yaml"
+    config.write_text("committed: true\noutput: results/longbench/smollm2-135m\n")
+    assert main(["longbench", "--config", str(config), "--dry-run"]) == 2
+    assert "'committed' is not taken from a file" in capsys.readouterr().err
+    assert {path: path.stat().st_mtime_ns for path in (ROOT / "results").rglob("*")} == before
+    makefile = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    commands = [line for line in makefile.splitlines() if "-m evaluation " in line]
+    writing = [line for line in commands if re.search(r"--output results/", line)]
+    assert writing and all("--committed --output results/" in line for line in writing)
+    assert all("--committed" not in line for line in commands if line not in writing)

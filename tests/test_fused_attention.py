@@ -11,7 +11,7 @@ from kvpress import ObservedAttentionPress
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-import presses.rmm_press
+import presses.following
 from evaluation.engine.fused_rows import RowsRequest
 from presses import RMMPress
 from presses.column_sums import ColumnSumReader, ColumnSums
@@ -140,7 +140,7 @@ def test_fused_press_scores_from_the_fused_sums_and_restores_the_model(sdpa_mode
     def no_recomputation(*args, **kwargs):
         raise AssertionError("the sums were recomputed instead of taken from fused_sdpa")
 
-    monkeypatch.setattr(presses.rmm_press, "attention_rows", no_recomputation)
+    monkeypatch.setattr(presses.following, "attention_rows", no_recomputation)
     seen = []
     hook = sdpa_model.model.layers[0].self_attn.register_forward_pre_hook(
         lambda module, args: seen.append(sdpa_model.config._attn_implementation)
@@ -152,7 +152,7 @@ def test_fused_press_scores_from_the_fused_sums_and_restores_the_model(sdpa_mode
     assert cache.get_seq_length() == token_ids.shape[1] // 2
     assert sdpa_model.config._attn_implementation == "sdpa"
     assert not any(hasattr(layer.self_attn, REQUEST) for layer in sdpa_model.model.layers)
-    assert not press._handed, "every layer's sums were read, or taken back"
+    assert not press._follower.handed, "every layer's sums were read, or taken back"
 
 
 def test_fused_press_under_eager_reads_the_eager_weights(eager_model, token_ids):

@@ -10,12 +10,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from evaluation.catalogue.budgets import parse_budgets
+from evaluation.catalogue.budgets import Cell, parse_budgets
+from evaluation.catalogue.resolved import resolve_press
 from evaluation.protocols.longbench.cells import case_of
 from evaluation.protocols.longbench.data import load_configs, load_task
 from evaluation.protocols.single_turn import cells
 from evaluation.runs.models import ModelSettings
-from presses.teacher_forcing import language_model
+from presses.model_hooks import language_model
 from tests.test_longbench_protocol import data_dir, model_dir  # noqa: F401 (fixtures)
 
 PRESSES = ["full", "snapkv", "streaming_llm", "h2o", "tova", "rmm", "rmm(lag=8)", "knorm", "random"]
@@ -36,12 +37,13 @@ class Settings:
 
 def forwards_and_nlls(model, tokenizer, case, likelihood_only: bool) -> tuple[int, dict]:
     """The decoder-stack forwards the example's cells took on the shared path, and each cell's answer NLL."""
-    grid = [(press, None if press == "full" else budget) for press in PRESSES for budget in parse_budgets([0.5], None)]
+    budget = parse_budgets([0.5], None)[0]
+    grid = [Cell(resolve_press(press), None if press == "full" else budget) for press in PRESSES]
     calls = []
     torch.manual_seed(0)  # the random press's draw
     hook = language_model(model).register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
-        rows = cells.run_shared(model, tokenizer, Settings(ModelSettings(), likelihood_only), case, grid)
+        rows = list(cells.run_cells(model, tokenizer, Settings(ModelSettings(), likelihood_only), case, grid))
     finally:
         hook.remove()
     assert not any(row.get("error") for row in rows)

@@ -16,7 +16,7 @@ import torch
 
 from evaluation.cli.main import main
 from evaluation.cli.reproduce import TOLERANCE, TOLERANCES, configured, row_difference
-from evaluation.protocols.protocol import protocols
+from evaluation.protocols.shipped import protocols
 from evaluation.runs.numerics import machine_threads
 from tests.helpers import SHARED_DATA
 from tests.test_claims import ROOT, RUNS

@@ -5,8 +5,10 @@ the rows of both protocols carry it and their scorecards summarise it."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -20,6 +22,8 @@ from evaluation.engine.retention import held_positions
 from evaluation.protocols.longbench.data import load_configs, load_task
 from evaluation.protocols.longbench.prompts import build_prompt
 from evaluation.protocols.protocol import REFERENCE
+from evaluation.reporting.conditions import Benchmark
+from evaluation.reporting.intervals import bootstrap
 from evaluation.reporting.overlap import PICTURE
 from tests.helpers import prefill, tiny_model
 from tests.test_answer_likelihood import locomo_data, locomo_model_dir  # noqa: F401 (fixtures)
@@ -107,7 +111,7 @@ def test_longbench_rows_carry_the_overlap_and_the_scorecard_summarises_it(model_
     card = (output / "scorecard.md").read_text()
     assert f"## Kept-set overlap with {REFERENCE}" in card and (output / PICTURE).exists()
     lines = [line for line in card.splitlines() if line.startswith("| streaming_llm | keep 50% |")]
-    assert len(lines) == 1 and "(2)" in lines[0]
+    assert len(lines) == 1 and "| 2 |" in lines[0]
 
 
 def test_streamed_rows_carry_the_overlap(locomo_model_dir, locomo_data, tmp_path):  # noqa: F811
@@ -130,4 +134,56 @@ def test_no_section_without_overlaps(tmp_path: Path):
     from evaluation.reporting.overlap import overlap_section
 
     rows = [{"press": "knorm", "budget_label": "50%", "overlap_with_reference": None, "overlap_min_head": None}]
-    assert overlap_section(tmp_path, rows, REFERENCE) == [] and not (tmp_path / PICTURE).exists()
+    assert overlap_section(tmp_path, rows, REFERENCE, SHARED) == [] and not (tmp_path / PICTURE).exists()
+
+
+SHARED = Benchmark(
+    "Shared",
+    lambda row: ["all"],
+    lambda row: (row["id"],),
+    1,
+    3,
+    cluster=lambda row: row["conversation"],
+    cluster_unit="conversation",
+)
+
+
+def shared_rows(conversations: int, per: int) -> list[dict]:
+    """Overlap rows of ``per`` inputs from each of ``conversations``, every input of a conversation with the same
+    Jaccard index (all its variance between conversations: an intra-cluster correlation of 1)."""
+    shares = np.random.default_rng(9).uniform(0.2, 0.8, conversations)
+    return [
+        {
+            "id": f"c{c}-{i}",
+            "conversation": f"c{c}",
+            "press": "tova",
+            "budget_label": "256",
+            "overlap_with_reference": [float(shares[c])] * 2,
+            "overlap_min_head": [float(shares[c]) / 2] * 2,
+        }
+        for c in range(conversations)
+        for i in range(per)
+    ]
+
+
+def test_the_overlap_interval_is_a_bootstrap_of_the_protocol_s_clusters(tmp_path: Path):
+    """With every input of a conversation alike, the 100 inputs hold the information of 10 values: the section's
+    interval is the ordinary bootstrap of the 10 conversation values, draw for draw, and wider than a bootstrap
+    of the 100 inputs as if independent; n gives inputs and conversations."""
+    from evaluation.reporting.overlap import overlap_section
+
+    rows = shared_rows(10, 10)
+    lines = overlap_section(tmp_path, rows, REFERENCE, SHARED)
+    values = np.array([row["overlap_with_reference"][0] for row in rows[::10]])
+    expected = bootstrap(values)
+    naive = bootstrap(np.repeat(values, 10))
+    assert naive.high - naive.low < 0.5 * (expected.high - expected.low)
+    row = next(line for line in lines if line.startswith("| tova | 256 |"))
+    text = f"{expected.mean:.3f} [{expected.low:.3f}, {expected.high:.3f}]"
+    assert row == f"| tova | 256 | {text} | 100 (10 conversations) | {values.mean() / 2:.3f} |"
+    assert any("bootstrap interval over the conversations the inputs share" in line for line in lines)
+    alone = overlap_section(tmp_path, rows, REFERENCE, replace(SHARED, cluster=None, cluster_unit="example"))
+    row = next(line for line in alone if line.startswith("| tova | 256 |"))
+    assert (
+        row == f"| tova | 256 | {naive.mean:.3f} [{naive.low:.3f}, {naive.high:.3f}] | 100 | {values.mean() / 2:.3f} |"
+    )

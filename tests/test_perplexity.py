@@ -23,8 +23,9 @@ from tests.test_longbench_protocol import model_dir  # noqa: F401
 LENGTH = 40
 
 
-def token_ids(batch: int = 2, length: int = LENGTH) -> torch.Tensor:
-    return torch.randint(3, 256, (batch, length), generator=torch.Generator().manual_seed(1))
+def token_ids(batch: int = 2, length: int = LENGTH, tokens: int = 253) -> torch.Tensor:
+    """Random ids from ``tokens`` distinct tokens (3 onwards: no special token)."""
+    return torch.randint(3, 3 + tokens, (batch, length), generator=torch.Generator().manual_seed(1))
 
 
 def streamed(model, ids, spec: str | None, budget: int = 0, chunk: int = 1) -> torch.Tensor:
@@ -127,6 +128,32 @@ def test_streaming_llm_streamed_keeps_its_sinks_and_the_newest_tokens_at_every_s
         assert all(layer.shape[2] == len(held) for layer in step)
 
 
+@torch.no_grad()
+def test_streamed_knorm_evicts_the_older_occurrence_of_a_repeated_tokens_equal_layer_0_norms():
+    """KNorm's rule by hand at layer 0, whose key norms are the tokens' own (the rotary embedding only rotates a
+    key): after every step each KV head holds the budget's smallest norms, a repeated token's occurrences tie and the
+    older goes first. Float32 rounds the rotated keys' norms up to an ulp apart; they still tie."""
+    model, budget = tiny_model("llama", "sdpa"), 8
+    ids = token_ids(length=30, tokens=4)  # each token repeated
+    layer = model.model.layers[0]
+    tokens = torch.arange(7)
+    unrotated = layer.self_attn.k_proj(layer.input_layernorm(model.get_input_embeddings()(tokens)))
+    norms = unrotated.view(7, 2, -1).norm(dim=-1).double()  # (token, KV head)
+    assert (norms[3:, None] - norms[None, 3:]).abs().add(torch.eye(4)[..., None]).min() > 1e-3, "tokens apart"
+    counted = Counted(model)
+    streamed_nll(model, ids, None, 1)
+    full = counted.keys[-1][0]
+    counted.keys.clear()
+    streamed(model, ids, "knorm", budget)
+    for row, head in [(row, head) for row in range(2) for head in range(2)]:
+        held = []
+        for position, step in enumerate(counted.keys):
+            held.append(position)
+            if len(held) > budget:  # the largest norm goes; of equal ones, the older
+                held.remove(max(held, key=lambda p: (norms[ids[row, p], head], -p)))
+            torch.testing.assert_close(step[0][row, head], full[row, head, held], atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize(("spec", "chunk"), [("tova", 1), ("rmm(lag=4)", 1), ("h2o", 5), ("snapkv(window_size=4)", 6)])
 def test_one_forward_per_streamed_token_or_chunk(spec, chunk):
     model, ids = tiny_model("llama", "sdpa"), token_ids(batch=3)
@@ -199,15 +226,16 @@ def cell_by_cell_and_batched(model, ids, specs: list[str], budget: int, chunk: i
     return reference, batched_nll(model, ids, presses, chunk)
 
 
-STREAMED = ["streaming_llm", "tova", "h2o", "rmm", "rmm(lag=4)", "knorm"]
+STREAMED = ["streaming_llm", "tova", "h2o", "rmm", "rmm(lag=4)", "rmm(correctness='random')", "knorm"]
 
 
-@pytest.mark.parametrize(("arch", "chunk"), [("llama", 1), ("qwen2", 5)])
-def test_streaming_batched_across_presses_equals_cell_by_cell(arch, chunk):
+@pytest.mark.parametrize(("arch", "chunk", "tokens"), [("llama", 1, 253), ("qwen2", 5, 253), ("qwen2", 1, 4)])
+def test_streaming_batched_across_presses_equals_cell_by_cell(arch, chunk, tokens):
     """Every press the protocol streams (H2O as RMM with uniform weights, RMM teacher-forced with its smoother, a
     window press in chunks longer than its window), each evicting its own rows of one batch, gives each text the
-    NLLs its cell streamed alone gives (float32, 1e-5)."""
-    model, ids, budget = tiny_model(arch, "sdpa"), token_ids(length=26), 8
+    NLLs its cell streamed alone gives (float32, 1e-5); texts of 4 tokens repeat them, whose layer-0 key norms the
+    batch of 12 rows and the cell of 2 round apart differently (KNorm's ties)."""
+    model, ids, budget = tiny_model(arch, "sdpa"), token_ids(length=26, tokens=tokens), 8
     specs = STREAMED + (["snapkv(window_size=4)"] if chunk > 4 else [])
     reference, batched = cell_by_cell_and_batched(model, ids, specs, budget, chunk)
     for spec, alone, together in zip(specs, reference, batched, strict=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import sys
 
 import pytest
@@ -107,12 +108,15 @@ def test_resolve_presses_reports_a_press_no_budget_can_set_in_one_line():
     assert "\n" not in str(error.value)
 
 
-def test_a_spec_is_resolved_once_and_each_cell_builds_a_fresh_press_from_it():
+def test_a_spec_resolves_to_a_value_and_each_cell_builds_a_fresh_press_from_it():
     resolved = resolve_press("rmm(lag=4, correctness='uniform')")
-    assert resolve_press("rmm(lag=4, correctness='uniform')") is resolved
+    again = resolve_press("rmm(lag=4, correctness='uniform')")
+    assert again is not resolved and again == resolved, "resolved anew each time: nothing remembered per process"
+    assert pickle.loads(pickle.dumps(resolved)) == resolved, "a value that travels to a worker as it is"
     assert resolved.label == "rmm(lag=4,correctness='uniform')" and resolved.describe().startswith("shared prefill")
     first, second = resolved.build(0.5, 100), resolved.build(0.25, 100)
     assert first is not second and (first.compression_ratio, second.compression_ratio) == (0.5, 0.25)
     assert resolved.commit_lag == 4 and resolved.budget_refusal(5) == ""
-    assert "RMMPress(lag=4) never evicts its 4 newest positions: use a lag below 4" in resolved.budget_refusal(4)
+    refusal = "RMMPress(lag=4) never evicts its 4 newest positions, but the budget keeps only 4: use a lag below 4"
+    assert refusal in resolved.budget_refusal(4)
     assert resolve_press("no_press").build(0.5) is None and resolve_press("full").describe() == "the full cache"

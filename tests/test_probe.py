@@ -98,7 +98,7 @@ def test_engine_rankings_equal_a_hand_computation_from_eager_attention(arch):
 def test_a_probe_on_a_tiny_model_gives_every_scorer_its_rows(tmp_path):
     model, tokenizer = tiny_model("llama", "sdpa", vocab_size=260), byte_tokenizer()
     probe = probes(5, 1)[0]
-    config = ProbeConfig(ModelSettings(), 5, 1, True, tmp_path, max_new_tokens=6)
+    config = ProbeConfig(model=ModelSettings(), seed=5, probes=1, reasoning=True, output=tmp_path, max_new_tokens=6)
     rows = probe_rows((model, tokenizer), probe, config)
     assert [row["press"] for row in rows] == [name for name in SCORERS for _ in range(2)]
     recency = next(row for row in rows if row["press"] == "recency")

@@ -1,5 +1,5 @@
-"""The probe's controls for position: gold facts at fixed middle positions, and the rows re-read by the gold facts'
-recency rank."""
+"""The probe's controls for position: gold facts at fixed middle positions or at recency ranks 5 to 8, and the rows
+re-read by the gold facts' recency rank."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli.main import main
-from evaluation.protocols.probe.facts import FACTS, LIVES, MIDDLE, probes, solve
+from evaluation.protocols.probe.facts import FACTS, LIVES, MIDDLE, RECENCY_5_8, probes, solve
 from evaluation.protocols.probe.positions import bin_label, older_gold_ranks, position_benchmark, position_summary
 from evaluation.protocols.probe.protocol import CORRECT, INCORRECT, PROBES, RECENCY, ProbeConfig, top_label
+from evaluation.protocols.probe.work import probe_rows
 from evaluation.protocols.protocol import results_defining
 from evaluation.runs.models import ModelSettings
 from evaluation.runs.record import RunRecord
+from tests.helpers import byte_tokenizer, tiny_model
 
 COMMITTED = Path(__file__).parents[1] / "results" / "probe" / "smollm2-135m"
+COMMITTED_MIDDLE = COMMITTED.with_name("smollm2-135m-middle")
 # sha256 of probes(0, 400) as ``generation`` writes it, computed with the generator at main a214d6a (identical,
 # but for an import path, to 0e62bc8's, which made the committed run)
 DEFAULT_DIGEST = "c0c3d01973a2de97009f7a8f52e67314488d5243d1f4737bf02e6f0cec8b3778"
@@ -30,13 +33,15 @@ def generation(placement: str = "shuffled") -> str:
 
 def test_the_default_generation_is_unchanged_byte_for_byte():
     assert hashlib.sha256(generation().encode()).hexdigest() == DEFAULT_DIGEST
-    assert generation("middle") != generation()
+    assert len({generation(), generation("middle"), generation("recency-5-8")}) == 3
 
 
-@pytest.mark.skipif(not (COMMITTED / "predictions.jsonl").exists(), reason="no committed probe run")
-def test_the_committed_rows_hold_the_default_generations_gold_facts_and_answers():
-    made = {probe.index: probe for probe in probes(0, 400)}
-    with open(COMMITTED / "predictions.jsonl") as lines:
+@pytest.mark.parametrize(("folder", "placement"), [(COMMITTED, "shuffled"), (COMMITTED_MIDDLE, "middle")])
+def test_the_committed_rows_hold_their_generations_gold_facts_and_answers(folder, placement):
+    if not (folder / "predictions.jsonl").exists():
+        pytest.skip("no committed probe run")
+    made = {probe.index: probe for probe in probes(0, 400, placement)}
+    with open(folder / "predictions.jsonl") as lines:
         recency = [row for line in lines if (row := json.loads(line))["press"] == RECENCY]
     assert len({row["probe"] for row in recency}) == 400
     for row in recency:  # recency rank r is position FACTS - r
@@ -63,12 +68,56 @@ def test_middle_placement_puts_the_gold_facts_at_7_and_9_in_their_order_and_keep
         probes(0, 1, "edge")
 
 
+def test_recency_5_8_puts_both_gold_facts_at_recency_ranks_5_to_8_and_keeps_everything_else():
+    """Both gold facts among the 9th to 12th of 16 (recency ranks 8 to 5), in their shuffled order, every pair of
+    those positions drawn; the facts, question, gold facts and distractor order are the shuffled probe's."""
+    assert [FACTS - position for position in RECENCY_5_8] == [8, 7, 6, 5]
+    pairs, orders = set(), set()
+    for shuffled, placed in zip(probes(3, 200), probes(3, 200, "recency-5-8"), strict=True):
+        assert all(5 <= FACTS - position <= 8 for position in placed.gold)
+        home_first = shuffled.gold[0] < shuffled.gold[1]
+        assert (placed.gold[0] < placed.gold[1]) == home_first
+        orders.add(home_first)
+        pairs.add(tuple(sorted(placed.gold)))
+        assert (placed.question, placed.answer, placed.bridge) == (shuffled.question, shuffled.answer, shuffled.bridge)
+        assert solve(placed.facts, placed.question) == (placed.answer, placed.gold)
+        assert [placed.facts[g] for g in placed.gold] == [shuffled.facts[g] for g in shuffled.gold]
+        distractors = [f for i, f in enumerate(shuffled.facts) if i not in shuffled.gold]
+        assert [f for i, f in enumerate(placed.facts) if i not in placed.gold] == distractors
+    assert orders == {True, False}
+    assert pairs == {(a, b) for a in RECENCY_5_8 for b in RECENCY_5_8 if a < b}, "every pair of positions occurs"
+    assert probes(3, 200, "recency-5-8") == probes(3, 200, "recency-5-8"), "deterministic in the seed"
+
+
+def test_on_a_tiny_model_recency_ranks_the_recency_5_8_gold_facts_5th_to_8th_and_finds_neither():
+    model, tokenizer = tiny_model("llama", "sdpa", vocab_size=260), byte_tokenizer()
+    config = ProbeConfig(
+        model=ModelSettings(),
+        seed=7,
+        probes=2,
+        reasoning=True,
+        output=Path("unused"),
+        max_new_tokens=4,
+        gold_positions="recency-5-8",
+    )
+    for probe in probes(7, 2, "recency-5-8"):
+        rows = probe_rows((model, tokenizer), probe, config)
+        recency = [row for row in rows if row["press"] == RECENCY]
+        assert [row["budget"] for row in recency] == [top_label(2), top_label(4)]
+        for row in recency:
+            assert all(5 <= rank <= 8 for rank in row["gold_ranks"]) and row["score"] == 0.0
+            assert sorted(FACTS - rank for rank in row["gold_ranks"]) == sorted(probe.gold)
+
+
 def test_the_placement_defines_the_run_and_an_older_run_stands_for_shuffled(tmp_path, capsys):
     assert main(["probe", "--probes", "2", "--gold-positions", "middle", "--dry-run", "--output", str(tmp_path)]) == 0
     assert "the gold facts at positions 7 and 9 of 16" in capsys.readouterr().out
+    argv = ["probe", "--probes", "2", "--gold-positions", "recency-5-8", "--dry-run", "--output", str(tmp_path)]
+    assert main(argv) == 0
+    assert "the gold facts at two of the positions 9 to 12 of 16 (recency ranks 5 to 8)" in capsys.readouterr().out
     assert main(["probe", "--gold-positions", "edge", "--dry-run", "--output", str(tmp_path)]) == 2
     assert "invalid choice: 'edge'" in capsys.readouterr().err
-    config = ProbeConfig(ModelSettings(), 0, 400, True, tmp_path)
+    config = ProbeConfig(model=ModelSettings(), seed=0, probes=400, reasoning=True, output=tmp_path)
     defining = tuple(results_defining(config))
     assert "gold_positions" in defining
     older = {"seed": 0, "reasoning": True, "max_new_tokens": 40, **ModelSettings().record()}  # no gold_positions

@@ -102,6 +102,42 @@ def test_ray_with_two_workers_equals_the_local_backend_byte_for_byte(ray_instanc
     assert len(record["unit_seconds"]) == record["units_run"] and all(s > 0 for s in record["unit_seconds"].values())
 
 
+IMPORTED = ("--presses", "full", "h2o", "tests.helpers:OwnPrefillKnorm", "kvpress:KnormPress", "--allow-import")
+
+
+def perplexity_argv(model_dir: Path, data: Path, output: Path) -> list[str]:
+    text = data / "own.txt"
+    text.write_text("a text of my own, long enough to stream through the tiny model. " * 4)
+    return [
+        *("perplexity", "--model", str(model_dir), "--texts", "--text-file", str(text), "--length", "48"),
+        *("--budgets", "16", "--presses", "full", "tova", "kvpress:KnormPress", "--allow-import"),
+        *("--output", str(output)),
+    ]
+
+
+def test_presses_imported_by_path_travel_resolved_to_the_ray_workers(ray_instance, model_dir, data, tmp_path):
+    """A Ray worker resolves no press spec: a run's cells carry their presses, resolved once with --allow-import
+    where the run starts. A LongBench run (an imported press on its own prefill and one on the shared prefill) and
+    a perplexity run (an imported scorer streamed) give the local backend's rows."""
+    local, remote = tmp_path / "local" / "run", tmp_path / "ray" / "run"
+    argv = [*longbench_argv(model_dir, data, local), *IMPORTED]
+    assert main(argv) == 0
+    assert main([*longbench_argv(model_dir, data, remote), *IMPORTED, "--backend", "ray", "--workers", "2"]) == 0
+    same_rows(remote, local)
+    presses = {json.loads(line)["press"] for line in sorted_lines(remote) if not json.loads(line).get("error")}
+    assert {"tests.helpers:OwnPrefillKnorm", "kvpress:KnormPress"} <= presses
+    local, remote = tmp_path / "local" / "ppl", tmp_path / "ray" / "ppl"
+    assert main(perplexity_argv(model_dir, data, local)) == 0
+    assert main([*perplexity_argv(model_dir, data, remote), "--backend", "ray", "--workers", "2"]) == 0
+    rows = {side: [json.loads(line) for line in sorted_lines(side)] for side in (remote, local)}
+    assert len(rows[remote]) == 3 and not any(row.get("error") for row in rows[remote])
+    for ours, theirs in zip(rows[remote], rows[local], strict=True):
+        assert ours.pop("nll") == pytest.approx(theirs.pop("nll"), abs=1e-5)
+        assert ours.pop("nll_by_position") == pytest.approx(theirs.pop("nll_by_position"), abs=1e-5)
+        assert ours.pop("score") == pytest.approx(theirs.pop("score"), abs=1e-5)
+        assert ours == theirs
+
+
 def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(ray_instance, model_dir, data, tmp_path, monkeypatch):
     """The worker running the second example dies once, mid-unit; a fresh worker reruns that unit."""
     from evaluation.protocols.longbench import cells as runner

@@ -248,7 +248,7 @@ def test_an_error_that_is_no_refusal_stops_the_run_loudly_and_the_rerun_resumes(
     first example's rows stay, and the same command finishes the rest."""
     import torch
 
-    import evaluation.protocols.single_turn.cells as runner
+    import evaluation.engine.serving as runner
 
     output, calls, decode = tmp_path / "run", [], runner.decode_batch_forced
 

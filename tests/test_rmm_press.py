@@ -173,7 +173,7 @@ def smoother_scores(model, ids: torch.Tensor, press: RMMPress) -> list[torch.Ten
     """Per layer, the press's scores of every position after ``with press(model): model(ids)`` (ratio 0)."""
     with torch.no_grad(), press(model):
         model(input_ids=ids)
-    return [press._smoothers[layer].scores() for layer in range(len(model.model.layers))]
+    return [press._follower.smoothers[layer].scores() for layer in range(len(model.model.layers))]
 
 
 @pytest.mark.parametrize("lag", [None, 4])

@@ -18,7 +18,7 @@ from tests.test_longbench_protocol import data_dir, longbench, model_dir, read_r
 OWN_PREFILL = "tests.helpers:OwnPrefillKnorm"
 CELLS = [("full", None)] + [
     (name, Budget(kind, value))
-    for name in [*DEFAULT_PRESSES[1:], "rmm(lag=8)"]
+    for name in [*DEFAULT_PRESSES[1:], "rmm(lag=8)", "rmm(lag=8,correctness='random')"]
     for kind, value in [("ratio", 0.5), ("tokens", 30)]
 ]
 

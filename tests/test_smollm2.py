@@ -163,7 +163,10 @@ def test_shared_path_equals_per_cell_path_on_three_multi_news_examples(smollm2):
     task = load_configs(data_dir, ["multi_news"])["multi_news"]
     presses = [*DEFAULT_PRESSES[1:], "rmm(lag=16)"]
     budgets = [Budget("ratio", 0.5), Budget("ratio", 0.75)]
-    cells = [(FULL_CACHE, None), *press_cells(resolve_presses(presses), budgets, "")]
+    cells = [
+        (FULL_CACHE, None),
+        *((cell.label, cell.budget) for cell in press_cells(resolve_presses(presses), budgets, "")),
+    ]
     stop = eos_ids(sdpa)
     for example in load_task(data_dir, "multi_news", 3):
         prompt = build_prompt(example, task, tokenizer, 512, query_aware=False)

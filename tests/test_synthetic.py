@@ -14,6 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from evaluation.cli.main import main
+from evaluation.metrics.synthetic import string_match
 from evaluation.protocols.streaming.episodes import Question, Session
 from evaluation.protocols.streaming.placements import asked_after_session
 from evaluation.protocols.synthetic.memory import memory_episodes
@@ -26,7 +27,6 @@ from evaluation.protocols.synthetic.task import (
     reuse_conditions,
     sentence_answer,
     spec_lag,
-    string_match,
 )
 from evaluation.runs.models import BYTE_CHAT_TEMPLATE, SMOLLM2_ALIAS, local_model
 from tests.helpers import byte_tokenizer, saved_chat_model

@@ -80,6 +80,22 @@ def test_kept_indices_are_the_stable_sort_rule_on_heavily_tied_scores(keep_older
         assert kept == [sorted(order[40 - n_kept :]) for order in ascending]
 
 
+@pytest.mark.parametrize("keep_older", [False, True])
+def test_a_tolerance_ties_scores_that_rounding_set_apart(keep_older):
+    """The stable-sort rule on tied scores still decides them when each is moved by up to 1e-7 of itself (float32
+    rounding) and ``kept_indices`` ties within 1e-6; without a tolerance the moved scores decide otherwise."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randint(1, 5, (2, 3, 40), generator=generator).double()
+    scores[0, 1, 5], scores[1, 0, :6] = float("inf"), float("-inf")
+    rows = scores.view(6, 40).tolist()
+    ascending = [sorted(range(40), key=lambda k, row=row: (row[k], -k if keep_older else k)) for row in rows]
+    moved = scores * (1 + 1e-7 * (2 * torch.rand(scores.shape, generator=generator, dtype=torch.double) - 1))
+    for n_kept in (1, 9, 33):
+        expected = [sorted(order[40 - n_kept :]) for order in ascending]
+        assert kept_indices(moved, n_kept, keep_older, tolerance=1e-6).view(6, n_kept).tolist() == expected
+        assert kept_indices(moved, n_kept, keep_older).view(6, n_kept).tolist() != expected
+
+
 def fake_layer(num_heads: int = 1, num_kv_heads: int = 1) -> SimpleNamespace:
     return SimpleNamespace(
         config=SimpleNamespace(num_attention_heads=num_heads, num_key_value_heads=num_kv_heads), head_dim=1

@@ -85,33 +85,43 @@ def test_each_policy_selects_what_its_press_keeps(trace_and_ids, policy, press):
         assert torch.equal(ours.sort(-1).values, pressed[layer][0].sort(-1).values), f"layer {layer}"
 
 
-def smoother_by_hand(rows: torch.Tensor, correct: list[float], lag: int, budget: int) -> list[int]:
-    """Eq. 1 and the commit rule on one group's trace rows, step by step: each row t adds w(t) a(t -> k) to
-    the held k with k < t <= k + lag; once over budget, keep the lag newest and the best others (a newcomer must
-    outrank an incumbent: ties keep the older)."""
-    length = rows.shape[0]
-    held, utility = [], {}
+def smoother_by_hand(rows: torch.Tensor, correct: list[float], lag: int | None, budget: int) -> list[int]:
+    """Eq. 1 and the commit rule on one group's trace rows, step by step, at the press's timing: row t adds
+    a(t -> k) to the held k of its window (k < t <= k + lag; ``lag=None``: k <= t, each score then the mean over
+    the rows counted) as if correct until position t + 1 arrives, w(t) a(t -> k) from then on; once over budget,
+    keep the lag newest and the best others (a newcomer must outrank an incumbent: ties keep the older)."""
+    length, buffer = rows.shape[0], lag or 0
+    held, settled, pending = [], {}, {}
+
+    def counted(k: int, t: int) -> bool:
+        return k <= t if lag is None else k < t <= k + lag
+
     for t in range(length):
+        for k, share in pending.items():  # position t arrives: row t - 1's correctness is known
+            settled[k] += correct[t - 1] * share
         held.append(t)
-        utility[t] = 0.0
-        for k in held:
-            if k < t <= k + lag:
-                utility[k] += correct[t] * float(rows[t, k])
+        settled[t] = 0.0
+        pending = {k: float(rows[t, k]) for k in held if counted(k, t)}
         if len(held) > budget:
-            provisional = [k for k in held if t - k < lag]
-            others = sorted((k for k in held if t - k >= lag), key=lambda k: (utility[k], -k))
+            ranking = {k: settled[k] + pending.get(k, 0.0) for k in held}
+            if lag is None:
+                ranking = {k: score / (t - k + 1) for k, score in ranking.items()}
+            provisional = [k for k in held if t - k < buffer]
+            others = sorted((k for k in held if t - k >= buffer), key=lambda k: (ranking[k], -k))
             held = sorted(provisional + others[-(budget - len(provisional)) :])
     return held
 
 
-@pytest.mark.parametrize("lag", [0, 1, 4, 16])
+@pytest.mark.parametrize("lag", [None, 0, 1, 4, 16])
 def test_the_lag_sweep_replays_the_press_smoother(trace_and_ids, lag):
-    """``rmm(lag=H)`` runs RMMPress one arrival at a time; what it holds matches Eq. 1 replayed by hand."""
+    """``rmm`` and ``rmm(lag=H)`` run RMMPress one arrival at a time; what they hold matches Eq. 1 replayed by
+    hand, each row counted as correct until the next position arrives."""
     _, _, trace = trace_and_ids
-    stacked = LayerTrace(torch.cat(trace.layers), trace.correct)
-    result = replay(stacked, StreamedPolicy(f"rmm(lag={lag})", lag), 40)
+    correct = torch.randint(0, 2, (LENGTH,), generator=torch.Generator().manual_seed(6)).float()  # half right
+    stacked = LayerTrace(torch.cat(trace.layers), correct)
+    result = replay(stacked, StreamedPolicy(sweep_name(lag), lag), 40)
     for group in range(stacked.groups):
-        expected = smoother_by_hand(stacked.rows[group].double(), trace.correct.tolist(), lag, 40)
+        expected = smoother_by_hand(stacked.rows[group].double(), correct.tolist(), lag, 40)
         assert result.held[group].nonzero()[:, 0].tolist() == expected, f"group {group}"
 
 
@@ -138,6 +148,23 @@ def test_tova_evicts_what_the_newest_step_ignores_where_h2o_keeps_the_heavy_hitt
     assert h2o.held[0].tolist() == [True, False, True, False]
     assert tova.retained_mass.item() == pytest.approx((1.0 + 1.0) / 2)
     assert h2o.retained_mass.item() == pytest.approx((1.0 + 0.6) / 2)
+
+
+def test_heavy_hitter_recall_rewards_summed_attention_in_hindsight_not_the_requests_served():
+    """Position 0 is attended heavily early, then never again; 1 is used at steps 2 and 3, 2 at step 3. The B = 2
+    heavy hitters (summed attention 1.95 and 1.0) are 0 and 1. Belady evicts 0 at step 2 (no later use) and 1 at
+    step 3 (nothing is used after it; ties: the lower) and serves all 3 requests, holding neither heavy hitter; the
+    seed's summed H2O (no window) evicts 2 (0.45) then 3 (0.3), holds both and misses step 3's request for 2."""
+    trace = hand_trace([[1.0, 0, 0, 0], [0.9, 0.1, 0, 0], [0.05, 0.5, 0.45, 0], [0.0, 0.4, 0.3, 0.3]])
+    belady, summed = replay(trace, BeladyPolicy(), 2), replay(trace, SummedH2OPolicy(seed_h2o(0), 0), 2)
+    assert belady.held[0].tolist() == [False, False, True, True] and summed.held[0].tolist() == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert (belady.hit_rate.item(), belady.heavy_hitter_recall.item()) == (1.0, 0.0)
+    assert (summed.hit_rate.item(), summed.heavy_hitter_recall.item()) == (pytest.approx(2 / 3), 1.0)
 
 
 def test_belady_evicts_the_farthest_next_use_and_hits_every_request_it_can():
@@ -224,7 +251,7 @@ def test_the_trace_protocol_runs_resumes_and_feeds_the_combined_scorecard(
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--texts", "wikipedia:3"], "trace text 'wikipedia:3' must be multi_news:N or locomo:SAMPLE_ID"),
+        (["--texts", "wikipedia:3"], "text 'wikipedia:3' must be multi_news:N, locomo:SAMPLE_ID or essays:N"),
         (["--texts", "multi_news:100000"], "multi_news has contexts 0.."),
         (["--texts", "locomo:conv-0"], "unknown LoCoMo conversation 'conv-0'"),
         (["--budgets", "32"], "budgets must be at least 64 (SnapKV's window) and below --length 160"),
@@ -244,12 +271,13 @@ def test_bad_trace_options_get_a_clear_error(model_dir, tmp_path, monkeypatch, c
 
 
 def control_by_hand(rows: np.ndarray, correct: np.ndarray, window: int, budget: int) -> list[int]:
-    """RMM's full-horizon score, sum over t' = k..t of w(t') a(t' -> k) divided by t - k + 1, with the ``window``
-    newest protected: each step evicts the lowest-scored older position, ties the newer one."""
+    """RMM's full-horizon score at the press's timing, the sum over t' = k..t - 1 of w(t') a(t' -> k) plus
+    a(t -> k) (row t counts as correct until t + 1 arrives) divided by t - k + 1, with the ``window`` newest
+    protected: each step evicts the lowest-scored older position, ties the newer one."""
     held = list(range(budget))
     for t in range(budget, len(rows)):
         held.append(t)
-        score = {k: float(correct[k : t + 1] @ rows[k : t + 1, k]) / (t - k + 1) for k in held}
+        score = {k: float(correct[k:t] @ rows[k:t, k] + rows[t, k]) / (t - k + 1) for k in held}
         older = [k for k in held if t - k >= window]
         low = min(score[k] for k in older)
         held.remove(max(k for k in older if score[k] == low))
@@ -325,11 +353,11 @@ def test_the_seeds_h2o_sums_attention_and_protects_its_window_as_replayed_by_han
     assert SummedH2OPolicy(seed_h2o(64), 64).refusal(64) and not SummedH2OPolicy(seed_h2o(63), 63).refusal(64)
 
 
-def claims_by_hand(rows: np.ndarray, budget: int, window: int) -> dict[str, dict[str, float]]:
+def claims_by_hand(rows: np.ndarray, budget: int, window: int, threshold: float) -> dict[str, dict[str, float]]:
     """TOVA (the newest row's attention), the seed's H2O (attention summed over the rows that saw a position, the
-    ``window`` newest protected) and the lab's H2O (that sum as a mean over those rows, with and without the
-    window) replayed by hand on one group's rows: retained mass, heavy-hitter recall and the shares of the 64
-    newest and 4 first positions held at the end."""
+    ``window`` newest protected), KVPress's H2O (that sum as a mean over those rows) and Belady (the farthest next
+    step giving at least ``threshold``) replayed by hand on one group's rows: retained mass, heavy-hitter recall
+    and the shares of the 64 newest and 4 first positions held at the end."""
     length = len(rows)
     cumulative = rows.sum(0)
     heavy = set(np.argsort(-cumulative, kind="stable")[:budget].tolist())
@@ -340,12 +368,12 @@ def claims_by_hand(rows: np.ndarray, budget: int, window: int) -> dict[str, dict
     def averaged(t: int) -> np.ndarray:
         return summed(t) / np.maximum(t + 1 - np.arange(length), 1)
 
-    scores = {
-        "tova": (lambda t: rows[t], 0),
-        "seed": (summed, window),
-        "h2o": (averaged, 0),
-        "h2o_window": (averaged, window),
-    }
+    def next_use(t: int) -> np.ndarray:
+        return -np.array(
+            [next((s for s in range(t + 1, length) if rows[s, k] >= threshold), length) for k in range(length)]
+        )
+
+    scores = {"tova": (lambda t: rows[t], 0), "seed": (summed, window), "h2o": (averaged, 0), "belady": (next_use, 0)}
     found = {}
     for name, (score, protected) in scores.items():
         held, mass = list(range(budget)), 0.0
@@ -363,10 +391,11 @@ def claims_by_hand(rows: np.ndarray, budget: int, window: int) -> dict[str, dict
     return found
 
 
-def test_the_tova_claims_table_measures_the_seeds_figures_as_replayed_by_hand():
+def test_the_tova_claims_tables_measure_the_seeds_figures_against_both_h2os_as_replayed_by_hand():
     """A trace whose steps look at 4 sinks and their recent positions, and early on at old heavy hitters that H2O
-    keeps: the table's masses, recalls and held shares are those replayed by hand, and its difference is TOVA's
-    mass minus the seed's H2O's (summed, 32 newest protected), not the lab's averaged ``h2o``'s."""
+    keeps: the tables' masses, recalls and held shares are those replayed by hand, one table against the seed's H2O
+    (summed, 32 newest protected), one against KVPress's (averaged), each difference TOVA's mass minus that H2O's,
+    Belady's recall beside theirs."""
     length, budget, window = 100, 72, 32
     rng = np.random.default_rng(5)
     age = np.arange(length)[:, None] - np.arange(length)[None, :]
@@ -377,25 +406,32 @@ def test_the_tova_claims_table_measures_the_seeds_figures_as_replayed_by_hand():
     trace = Trace("hand", list(range(length)), torch.ones(length), [torch.tensor(rows[None], dtype=torch.float32)])
     stacked = LayerTrace(torch.cat(trace.layers), trace.correct)
     out = [summary_row(trace, "multi_news:0", stacked)]
-    policies = [p for p in default_policies(window) if p.name in ("tova", "h2o", recent_h2o(window), seed_h2o(window))]
+    policies = [p for p in default_policies(window) if p.name in ("tova", "h2o", seed_h2o(window), "belady")]
     assert len(policies) == 4
     for policy in policies:
         out += metric_rows(trace, policy, budget, replay(stacked, policy, budget))
     (claim,) = tova_claims(out, [budget], window)
-    expected = claims_by_hand(rows, budget, window)
+    expected = claims_by_hand(rows, budget, window, stacked.threshold)
     share = np.mean([rows[t, max(0, t - 63) : t + 1].sum() for t in range(length)])
     assert claim.text == "multi_news:0"
     assert claim.recent_share == pytest.approx(share, abs=1e-6)
-    for name in ("tova", "seed", "h2o", "h2o_window"):
+    for name in ("tova", "seed", "h2o"):
         assert getattr(claim, f"{name}_mass") == pytest.approx(expected[name]["mass"], abs=1e-5), name
-    for name in ("tova", "seed"):
         for figure in ("recall", "recent", "first"):
             assert getattr(claim, f"{name}_{figure}") == pytest.approx(expected[name][figure]), (name, figure)
+    assert claim.belady_recall == pytest.approx(expected["belady"]["recall"])
     assert claim.tova_recent == claim.tova_first == 1.0 > claim.seed_recent, "TOVA holds the sinks and the newest"
     assert claim.seed_mass != pytest.approx(claim.h2o_mass, abs=1e-3), "summing and averaging differ here"
-    table = tova_table([claim], window)
-    assert seed_h2o(window) in "".join(table) and "tova - seed H2O" in table[-3]
-    cells = [cell.strip() for cell in table[-1].strip("|").split("|")]
-    assert cells[:4] == ["multi_news:0", claim.budget, f"{share:.3f}", f"{expected['tova']['mass']:.3f}"]
-    difference = expected["tova"]["mass"] - expected["seed"]["mass"]
-    assert cells[4:6] == [f"{expected['seed']['mass']:.3f}", f"{difference:.3f}"]
+    table = "\n".join(tova_table([claim], window))
+    assert f"Against the seed's H2O, `{seed_h2o(window)}`:" in table and "Against KVPress's H2O, `h2o`:" in table
+    seed_row, h2o_row = (
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in table.splitlines()
+        if line.startswith("| multi_news:0 |")
+    )
+    for cells, name in ((seed_row, "seed"), (h2o_row, "h2o")):
+        mass, by_hand = expected[name]["mass"], expected[name]
+        assert cells[:4] == ["multi_news:0", claim.budget, f"{share:.3f}", f"{expected['tova']['mass']:.3f}"]
+        assert cells[4:6] == [f"{mass:.3f}", f"{expected['tova']['mass'] - mass:+.3f}"], name
+        assert cells[7:9] == [f"{by_hand['recall']:.3f}", f"{expected['belady']['recall']:.3f}"], name
+        assert cells[10] == f"{by_hand['recent']:.3f}" and cells[12] == f"{by_hand['first']:.3f}", name

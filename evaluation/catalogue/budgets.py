@@ -43,9 +43,6 @@ class Budget:
         return max(0.0, 1 - (self.value + 0.5) / length) if self.value < length else 0.0
 
 
-Cell = tuple[str, Budget | None]  # a press name and its budget (None for the full cache)
-
-
 def parse_budgets(ratios: list[float] | None, tokens: list[int] | None) -> list[Budget]:
     """The budgets asked for, each once, in the order given."""
     budgets = [Budget("ratio", r) for r in ratios or []] + [Budget("tokens", t) for t in tokens or []]
@@ -82,6 +79,25 @@ def ratio_for(budget: Budget | None, length: int) -> float:
     return budget.compression_ratio(length) if budget else 0.0
 
 
+@dataclass(frozen=True)
+class Cell:
+    """One press at one budget (None: the full cache). The press is resolved (``catalogue.resolved``): a cell
+    carries it, so that the process that serves the cell, a Ray worker's too, builds it without resolving its spec
+    again."""
+
+    press: ResolvedPress
+    budget: Budget | None
+
+    @property
+    def label(self) -> str:
+        """The press's label: its name in the cell's rows."""
+        return self.press.label
+
+    @property
+    def budget_key(self) -> str:
+        return budget_key(self.budget)
+
+
 def press_cells(presses: list[ResolvedPress], budgets: list[Budget], budget_options: str) -> list[Cell]:
     """The full cache once (if asked for), then every other press at every budget, each cell once.
 
@@ -99,5 +115,5 @@ def press_cells(presses: list[ResolvedPress], budgets: list[Budget], budget_opti
             reason = press.budget_refusal(int(budget.value)) if budget.kind == "tokens" else ""
             if reason:
                 raise EvaluationError(f"press spec {press.label!r} at a budget of {budget.label}: {reason}")
-    full = [(FULL_CACHE, None)] if any(press.label == FULL_CACHE for press in presses) else []
-    return full + [(press.label, budget) for press in presses if press.label != FULL_CACHE for budget in budgets]
+    full = [Cell(press, None) for press in presses if press.label == FULL_CACHE]
+    return full + [Cell(press, budget) for press in presses if press.label != FULL_CACHE for budget in budgets]

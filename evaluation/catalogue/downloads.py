@@ -15,7 +15,7 @@ from kvpress.presses.base_press import BasePress
 from kvpress.presses.duo_attention_press import PATTERNS_DICT
 from kvpress.presses.lukv_press import BUDGET_CURVE_URLS
 
-from presses.wrapped import every_press
+from presses.harness import every_press
 
 
 def _covered(press: BasePress, model: str) -> str:

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from kvpress.presses.base_press import BasePress
 
 from evaluation.catalogue.registry import ALL, DECODING, OWN_PREFILL, REFUSED, SHARED, after_eviction, declared
-from presses.column_sums import H2O_SUMS, ColumnSums
-from presses.wrapped import every_press
+from presses.harness import H2O_SUMS, ColumnSums, every_press, protected_refusal
 
 
 @dataclass(frozen=True)
@@ -82,10 +81,5 @@ def protected(press: BasePress | None) -> tuple[Protected, ...]:
 def budget_refusal(positions: Iterable[Protected], kept: int) -> str:
     """Why a press that never evicts these ``positions`` cannot keep ``kept`` positions at all ("" when it can): the
     budget must hold them and one slot more."""
-    for held in positions:
-        if held.count >= kept:
-            return (
-                f"{held.press}({held.parameter}={held.count}) never evicts its {held.count} newest positions: use a "
-                f"{held.parameter} below {kept}"
-            )
-    return ""
+    refusals = (protected_refusal(held.press, held.parameter, held.count, kept) for held in positions)
+    return next(filter(None, refusals), "")

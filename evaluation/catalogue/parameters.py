@@ -1,14 +1,15 @@
 """A press class's parameters and their declared types: a spec's values checked against them before any press is
 built.
 
-The types are what the class declares: its constructor's annotations (``typing.get_type_hints``; a dataclass's
-are its fields'). A value fits its parameter's type as Python reads the annotation: a whole number for ``int`` (a
-bool is not one), any finite number for ``float``, ``True`` or ``False`` for ``bool``, a string for ``str``, one of
-the values of a ``Literal``, ``None`` where the type allows it, a list or tuple for a sequence type (each item
-checked) and a press of the declared class (or a subclass) for a press parameter. An annotation these rules do not
-read (a ``Callable``, a name the module cannot resolve) is left to the constructor, which the resolution calls once
-(``evaluation.catalogue.resolved``). A wrapper (a class whose public parameters take presses) holds at least one
-press, given or its own default: ``composed([])`` or ``prefill_decoding()`` would keep every token under any budget.
+The types are what the class declares: its constructor's annotations (``typing.get_type_hints``; a dataclass's are its
+fields'). A value fits its parameter's type as Python reads the annotation: a whole number for ``int`` (a bool is not
+one), any finite number for ``float``, ``True`` or ``False`` for ``bool``, a string for ``str``, one of the values of a
+``Literal``, ``None`` where the type allows it, a list or tuple for a sequence type (each item checked) and a press of
+the declared class (or a subclass) for a press parameter; a number within the range ``evaluation.catalogue.ranges``
+declares for it, where KVPress's constructor does not check one. An annotation these rules do not read (a ``Callable``,
+a name the module cannot resolve) is left to the constructor, which the resolution calls once
+(``evaluation.catalogue.resolved``). A wrapper (a class whose public parameters take presses) holds at least one press,
+given or its own default: ``composed([])`` or ``prefill_decoding()`` would keep every token under any budget.
 
 A nested press is given here by its class; a press a dry run names by import path, and does not import, is
 ``Pending``: it fits any press parameter.
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from kvpress.presses.base_press import BasePress
 
+from evaluation.catalogue.ranges import range_refusal
 from evaluation.errors import EvaluationError
 
 SEQUENCES = (
@@ -48,7 +50,8 @@ class Pending:
 
 def check_arguments(cls: type, args: tuple, kwargs: dict, spec: str) -> None:
     """Check a spec's arguments for ``cls`` (nested presses given by their class, or ``Pending``) against the
-    parameters ``cls`` declares: each named one exists, the call binds, and each value fits its declared type.
+    parameters ``cls`` declares: each named one exists, the call binds, and each value fits its declared type and
+    range.
 
     Raises
     ------
@@ -82,6 +85,9 @@ def check_arguments(cls: type, args: tuple, kwargs: dict, spec: str) -> None:
                 raise EvaluationError(
                     f"press spec {spec!r}: {cls.__name__}'s {parameter} is {described(hints[name])}, not {shown(item)}"
                 )
+    refusal = range_refusal(cls, bound.arguments)
+    if refusal:
+        raise EvaluationError(f"press spec {spec!r}: {refusal}")
 
     def holds(name: str) -> bool:
         if name in bound.arguments:

@@ -47,11 +47,9 @@ from dataclasses import dataclass
 import kvpress as k
 from kvpress.presses.base_press import BasePress
 
-import presses
 from evaluation.catalogue.specs import COMPOSITES, FULL_CACHE, NO_PRESS, is_import_path
 from evaluation.errors import EvaluationError, first_line
-from presses.column_sums import H2O_SUMS, ColumnSums
-from presses.wrapped import every_press
+from presses.harness import H2O_SUMS, ColumnSums, RecentWindowPress, RMMPress, TOVAPress, every_press
 
 CLASSES = {
     "adakv": "AdaKVPress",
@@ -90,7 +88,7 @@ CLASSES = {
     "streaming_llm": "StreamingLLMPress",
     "think": "ThinKPress",
 }
-OURS = {"tova": "TOVAPress", "rmm": "RMMPress", "recent_window": "RecentWindowPress"}
+OURS = {"tova": TOVAPress, "rmm": RMMPress, "recent_window": RecentWindowPress}
 EXPORTED = {
     name: cls
     for name, cls in ((name, getattr(k, name)) for name in k.__all__)
@@ -99,7 +97,7 @@ EXPORTED = {
 # every press class a spec can name: this project's, KVPress's names, and every class KVPress exports
 PRESS_CLASSES = (
     {name: EXPORTED[cls] for name, cls in CLASSES.items()}
-    | {name: getattr(presses, cls) for name, cls in OURS.items()}
+    | OURS
     | {name: cls for name, cls in EXPORTED.items() if name not in ("BasePress", "ScorerPress")}
 )
 
@@ -168,11 +166,11 @@ def _window(press: BasePress) -> int:
     return press.window_size
 
 
-def _rmm_rows(press: presses.RMMPress) -> int | None:
+def _rmm_rows(press: RMMPress) -> int | None:
     return 0 if isinstance(press.correctness, str) else ALL
 
 
-def _rmm_sums(press: presses.RMMPress) -> frozenset[ColumnSums]:
+def _rmm_sums(press: RMMPress) -> frozenset[ColumnSums]:
     return frozenset({press.statistic}) if isinstance(press.correctness, str) else frozenset()
 
 
@@ -192,15 +190,15 @@ DECLARATIONS: dict[type, Declared] = {
     k.PyramidKVPress: Declared(rows=_window),
     k.ThinKPress: Declared(rows=_window),
     k.TOVAPress: Declared(rows=1),
-    presses.TOVAPress: Declared(rows=1, rescores=True),
-    presses.RMMPress: Declared(rows=_rmm_rows, sums=_rmm_sums, rescores=True, protects="lag"),
+    TOVAPress: Declared(rows=1, rescores=True),
+    RMMPress: Declared(rows=_rmm_rows, sums=_rmm_sums, rescores=True, protects="lag"),
     k.ExpectedAttentionPress: Declared(blind=True),
     k.ExpectedAttentionStatsPress: Declared(blind=True),
     **dict.fromkeys(
         [k.AdaKVPress, k.CriticalKVPress, k.CriticalAdaKVPress, k.KeyRerotationPress, k.ComposedPress], WRAPPER
     ),
     k.PerLayerCompressionPress: WRAPPER,
-    presses.RecentWindowPress: Declared(rows=0, blind=True, protects="window"),
+    RecentWindowPress: Declared(rows=0, blind=True, protects="window"),
     **dict.fromkeys([k.DecodingPress, k.CAMPress, k.CompressionRatioDecodingPress], Declared(path=DECODING)),
     k.PrefillDecodingPress: Declared(path=DECODING),
     k.DMSPress: Declared(
@@ -247,7 +245,7 @@ def after_eviction(press: BasePress) -> list[BasePress]:
 
 def commit_lag(press: BasePress | None) -> int | None:
     """The commit lag of the ``RMMPress`` a press holds (None: no RMMPress, or one at ``lag=None``)."""
-    lags = [held.lag for held in every_press(press) if type(held) is presses.RMMPress] if press is not None else []
+    lags = [held.lag for held in every_press(press) if type(held) is RMMPress] if press is not None else []
     return next((lag for lag in lags if lag is not None), None)
 
 

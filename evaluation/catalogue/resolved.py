@@ -2,17 +2,19 @@
 press declares of itself, so that nothing after the start parses a spec or builds a press to ask it a question.
 
 ``resolve_presses`` checks a run's specs before any work: each is parsed, its names looked up, its values checked
-against the types its classes declare (``evaluation.catalogue.parameters``), its press built once (at a
-compression ratio of 0.5, as a cell sets it, so that whatever the press's own constructor or check refuses is
-reported here) and its declarations read; a press these protocols cannot run is refused. An import path
-(``package.module:Press``) is imported only when the run allows it (``--allow-import``); a dry run imports none:
-it checks the rest of the spec and says what a real run would import. ``resolve_press`` is the lookup by label:
-each spec is resolved once per process, and the lookups after a run's start find its presses.
+against the types its classes declare (``evaluation.catalogue.parameters``), its press built once (at a compression
+ratio of 0.5, as a cell sets it, so that whatever the press's own constructor or check refuses is reported here) and its
+declarations read; a press these protocols cannot run is refused. An import path (``package.module:Press``) is imported
+only when the run allows it (``--allow-import``); a dry run imports none: it checks the rest of the spec, builds each
+press that holds no import path, and says what a real run would import. A resolved press is a value: a run's cells carry
+theirs (``catalogue.budgets.Cell``) through its plan, its units and its backend to every process that serves them, so
+that no process resolves a spec again and nothing is remembered per process.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,7 +33,6 @@ from evaluation.catalogue.registry import (
     commit_lag,
     compresses_while_decoding,
     declared_refusal,
-    import_refusal,
     press_class,
     set_ratio,
 )
@@ -39,6 +40,7 @@ from evaluation.catalogue.specs import FULL_CACHE, PressCall, canonical, import_
 from evaluation.errors import EvaluationError, first_line
 
 CHECKED_RATIO = 0.5  # the compression ratio a spec's press is built at when it is resolved
+BUDGET_SETS = "compression_ratio"  # a press parameter a run's budget sets (``set_ratio``), never its press specs
 DESCRIPTIONS = {
     SHARED: "shared prefill: its own hook on the stored inputs",
     OWN_PREFILL: "its own prefill",
@@ -98,6 +100,40 @@ def _blueprint(value: object, spec: str, allow_import: bool, dry_run: bool) -> o
     return Blueprint(cls, args, kwargs)
 
 
+def _build_known(value: object, label: str) -> None:
+    """Build once each press of a dry run's plan that holds no ``Pending`` press, so that what its constructor
+    refuses is reported as a real run reports it; a press that holds one is checked through its own presses."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _build_known(item, label)
+    elif isinstance(value, Blueprint):
+        if _holds_pending(value):
+            _build_known([*value.args, *value.kwargs.values()], label)
+        else:
+            value.build(label)
+
+
+def _holds_pending(value: object) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(map(_holds_pending, value))
+    if isinstance(value, Blueprint):
+        return _holds_pending([*value.args, *value.kwargs.values()])
+    return isinstance(value, Pending)
+
+
+def _sets_ratio(value: object) -> bool:
+    """Whether a blueprint, or a press it holds, is given ``BUDGET_SETS`` (by name or by position)."""
+    if isinstance(value, (list, tuple)):
+        return any(map(_sets_ratio, value))
+    if not isinstance(value, Blueprint):
+        return False
+    try:
+        given = inspect.signature(value.cls).bind_partial(*value.args, **value.kwargs).arguments
+    except (TypeError, ValueError):  # arguments its constructor refuses, in its own words, when it is built
+        given = {}
+    return BUDGET_SETS in given or _sets_ratio(value.args) or _sets_ratio(list(value.kwargs.values()))
+
+
 def _as_checked(value: object) -> object:
     """A resolved value as ``check_arguments`` reads it: each press by its class."""
     if isinstance(value, Blueprint):
@@ -126,6 +162,9 @@ class ResolvedPress:
     imports: tuple[str, ...] = ()
     dry: bool = False
     fetches: tuple[str, ...] = ()
+
+    def __hash__(self) -> int:  # its label names it (its blueprint's values may be lists)
+        return hash(self.label)
 
     def build(self, compression_ratio: float | None = None, length: int | None = None) -> BasePress | None:
         """A fresh press (``Blueprint.build``); None for the full cache.
@@ -165,16 +204,27 @@ class ResolvedPress:
 
 
 UNKNOWN = Needs(OWN_PREFILL, ALL)  # a press no dry run imports: read as one that may run anything
-_RESOLVED: dict[str, ResolvedPress] = {}  # each label's resolved press, once per process
 
 
-def _resolve(spec: str, label: str, allow_import: bool, dry_run: bool) -> ResolvedPress:
+def resolve_press(spec: str, allow_import: bool = False, dry_run: bool = False) -> ResolvedPress:
+    """The press ``spec`` names, resolved: its spec parsed and checked, its press built once and its declarations
+    read; ``allow_import`` allows its import paths (``--allow-import``), which a ``dry_run`` names without importing
+    them.
+
+    Raises
+    ------
+    EvaluationError
+        One line, for a spec that is not a press, an import path not allowed, or a press that refuses its
+        parameters or a ratio.
+    """
+    label = canonical(spec)
     if label == FULL_CACHE:
         return ResolvedPress(label, None, NOTHING)
     call = plan_spec(spec)
     plan = _blueprint(call, spec, allow_import, dry_run)
     paths = import_paths(call)
     if dry_run and paths:
+        _build_known(plan, spec)
         return ResolvedPress(label, None, UNKNOWN, imports=paths, dry=True)
     press = plan.build(spec, CHECKED_RATIO)
     return ResolvedPress(
@@ -189,32 +239,6 @@ def _resolve(spec: str, label: str, allow_import: bool, dry_run: bool) -> Resolv
     )
 
 
-def _resolved(spec: str, allow_import: bool, dry_run: bool) -> ResolvedPress:
-    """The press ``spec`` names, resolved on first use in this process; a spec that names an import path is resolved
-    again when a dry run follows a real one or the other way round (a dry run's is never imported nor built), and
-    refused unless ``allow_import``, resolved before or not."""
-    label = canonical(spec)
-    press = _RESOLVED.get(label)
-    if press is None or press.dry != (dry_run and bool(press.imports)):
-        press = _RESOLVED[label] = _resolve(spec, label, allow_import, dry_run)
-    elif press.imports and not allow_import:
-        raise import_refusal(spec, press.imports[0])
-    return press
-
-
-def resolve_press(spec: str) -> ResolvedPress:
-    """The press ``spec`` names, by label: resolved once per process, so that the lookups after a run's start find
-    the presses ``resolve_presses`` resolved (a spec naming an import path is resolved there only).
-
-    Raises
-    ------
-    EvaluationError
-        One line, for any spec that is not a press, or whose press refuses its parameters or a ratio.
-    """
-    label = canonical(spec)
-    return _RESOLVED[label] if label in _RESOLVED else _resolved(spec, allow_import=False, dry_run=False)
-
-
 def resolve_presses(
     specs: Iterable[str], allow_import: bool = False, dry_run: bool = False, model: str | None = None
 ) -> list[ResolvedPress]:
@@ -225,15 +249,22 @@ def resolve_presses(
     Raises
     ------
     EvaluationError
-        One line, for a spec that is not a press, an import path not allowed, a press these protocols cannot run,
-        one whose files do not exist for ``model``, or two specs that build the same press.
+        One line, for a spec that is not a press, an import path not allowed, a spec that sets the compression
+        ratio a run's budget sets, a press these protocols cannot run, one whose files do not exist for ``model``,
+        or two specs that build the same press.
     """
     resolved = []
     for spec in specs:
         refusal = _declared_refusal(plan_spec(spec))
         if refusal:
             raise EvaluationError(f"press spec {spec!r}: {refusal}")
-        press = _resolved(spec, allow_import, dry_run)
+        press = resolve_press(spec, allow_import, dry_run)
+        if _sets_ratio(press.blueprint):
+            raise EvaluationError(
+                f"press spec {press.label!r}: {BUDGET_SETS} is the budget's to set (a run sets it per cell from "
+                "--ratios or --budgets, as KVPress's evaluation does, or holds its budget in tokens), so the spec's "
+                "would not be the one run: leave it out"
+            )
         if press.needs.path == REFUSED:
             raise EvaluationError(f"press spec {press.label!r}: {press.needs.refusal}")
         why = press.missing_for(model) if model is not None and not dry_run else ""
@@ -245,15 +276,32 @@ def resolve_presses(
 
 
 def refuse_same_press(presses: list[ResolvedPress]) -> None:
-    """Two names of one press (``knorm`` and ``KnormPress``: one class with the same parameters) are an error: a
-    press is tallied once, under one name."""
-    for index, press in enumerate(presses):
-        for other in presses[:index]:
-            if press.blueprint is not None and other.label != press.label and other.blueprint == press.blueprint:
+    """Two names of one press (``knorm`` and ``KnormPress``, ``snapkv`` and ``snapkv(window_size=64)`` where 64 is
+    its default, ``adakv(snapkv)`` and ``adakv(press=snapkv)``: one class with the same parameters) are an error:
+    a press is tallied once, under one name."""
+    built = [(p.label, p.blueprint.cls.__name__, _identity(p.blueprint)) for p in presses if p.blueprint is not None]
+    for index, (label, name, identity) in enumerate(built):
+        for other, _, other_identity in built[:index]:
+            if other != label and other_identity == identity:
                 raise EvaluationError(
-                    f"press specs {other.label!r} and {press.label!r} build the same press "
-                    f"({press.blueprint.cls.__name__} with the same parameters): give it once, under one name"
+                    f"press specs {other!r} and {label!r} build the same press ({name} with the same parameters, "
+                    "defaults included): give it once, under one name"
                 )
+
+
+def _identity(value: object) -> object:
+    """What a blueprint builds, comparable with ``==``: its class and every argument by name, defaults included
+    (``inspect.Signature.bind``), a press among them by its own identity."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_identity(item) for item in value)
+    if not isinstance(value, Blueprint):
+        return value
+    try:
+        bound = inspect.signature(value.cls).bind(*value.args, **value.kwargs)
+    except (TypeError, ValueError):  # a signature that hides its parameters: compared as given
+        return value.cls, _identity(value.args), {name: _identity(item) for name, item in value.kwargs.items()}
+    bound.apply_defaults()
+    return value.cls, {name: _identity(item) for name, item in bound.arguments.items()}
 
 
 def _declared_refusal(value: object) -> str:
@@ -266,15 +314,14 @@ def _declared_refusal(value: object) -> str:
     return declared_refusal(PRESS_CLASSES[value.name]) or _declared_refusal(held)
 
 
-def fetch_notes(labels: Iterable[str], model: str) -> list[str]:
+def fetch_notes(presses: Iterable[ResolvedPress], model: str) -> list[str]:
     """A dry run's words for each press that fetches files when applied to ``model``: what, and where they do not
     exist for it, that a real run refuses it before the model loads."""
     notes = []
-    for label in dict.fromkeys(labels):
-        press = resolve_press(label)
+    for press in {press.label: press for press in presses}.values():
         why = press.missing_for(model)
         refused = f" (not for this model: {why}; a real run refuses it before the model loads)" if why else ""
-        notes += [f"for {label}, {what}{refused}" for what in press.fetches]
+        notes += [f"for {press.label}, {what}{refused}" for what in press.fetches]
     return notes
 
 
@@ -283,11 +330,10 @@ def make_press(
 ) -> BasePress | None:
     """A fresh press of ``spec`` (``ResolvedPress.build``): for a caller that holds a spec, not a run's presses;
     ``allow_import`` allows its import paths."""
-    return _resolved(spec, allow_import, dry_run=False).build(compression_ratio, length)
+    return resolve_press(spec, allow_import).build(compression_ratio, length)
 
 
 def commit_lag_of(spec: str) -> int | None:
     """The commit lag of the ``RMMPress`` a row's press label names, for a scorecard; None for a label that names an
-    import path, which a scorecard never imports (it would run the module), in a run's own scorecard as in any
-    other."""
+    import path, which a scorecard never imports (it would run the module)."""
     return None if import_paths(plan_spec(spec)) else resolve_press(spec).commit_lag

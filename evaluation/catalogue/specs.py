@@ -240,10 +240,10 @@ def import_paths(value: object) -> tuple[str, ...]:
 def canonical(spec: str) -> str:
     """The name of a spec in rows and tables: the spec as it parses, printed again (``printed``), so that every
     spelling of one press is one name (``knorm``, ``knorm()``, ``knorm ( )``, its fullwidth spelling, a comment,
-    ``1e-2`` or ``0.01``); ``no_press`` is ``full``. A spec that does not parse keeps its text without whitespace
-    outside its string literals, for its error to quote."""
+    ``1e-2`` or ``0.01``); ``no_press`` is ``full``. A spec that does not parse keeps its text, stripped, for its
+    error to quote (without its inner whitespace, ``kn orm`` or ``window_size=6 4`` would parse as another spec)."""
     name = printed(spec)
-    name = _unspaced(spec) if name is None else name
+    name = spec.strip() if name is None else name
     return FULL_CACHE if name == NO_PRESS else name
 
 

@@ -6,7 +6,8 @@ runs as is). Each value goes through its flag's type, range and choices, item by
 a scalar where a list goes is a one-element list (a spec string is one spec, whatever it reads like), a list where
 one value goes is refused, a switch takes a real boolean, ``null`` leaves the default. Settings are layered as
 the defaults < the file < the command line: a value the command line gives wins. Consent is never read from a file:
-``allow_import`` (``--allow-import``, which runs the module a spec imports) is refused there. Each mistake is a one-line
+``allow_import`` (``--allow-import``, which runs the module a spec imports) and ``committed`` (``--committed``,
+which lets a run write under results/) are refused there. Each mistake is a one-line
 ``EvaluationError`` naming the file and, for an unknown key, the nearest option.
 """
 
@@ -24,7 +25,10 @@ from evaluation.cli.kvpress_keys import ALIASES, translated
 from evaluation.errors import EvaluationError
 
 MAX_CONFIG_BYTES = 1 << 20
-COMMAND_LINE_ONLY = {"allow_import": "importing a press's module runs its code, which only the user may allow"}
+COMMAND_LINE_ONLY = {
+    "allow_import": "importing a press's module runs its code, which only the user may allow",
+    "committed": "only the Makefile's committed targets write the committed runs under results/",
+}
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -75,6 +79,8 @@ def given_on_command_line(parser: argparse.ArgumentParser, command: str, argv: l
 
 def read(path: Path) -> dict:
     """The file's mapping of option names to values: YAML without tags (safe), each key given once."""
+    if path.exists() and not path.is_file():
+        raise EvaluationError(f"--config {path}: not a file (a folder, a pipe or a device): give a YAML file")
     try:
         if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
             raise EvaluationError(

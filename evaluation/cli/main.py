@@ -22,9 +22,12 @@ from evaluation.cli.named_once import named_once
 from evaluation.errors import EvaluationError, refused_write
 from evaluation.protocols.loop import output_line, run
 from evaluation.protocols.options import MAX_RESAMPLES, whole
-from evaluation.protocols.protocol import REFERENCE, Protocol, protocols
+from evaluation.protocols.protocol import REFERENCE, Protocol
+from evaluation.protocols.shipped import protocols
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
+from evaluation.reporting.rescoring import Rescoring
 from evaluation.runs.backends import Backend
+from evaluation.runs.files import COMMITTED_FLAG, refuse_committed
 from evaluation.runs.models import SMOLLM2_ALIAS, ModelSettings
 from evaluation.runs.numerics import machine_threads
 from evaluation.runs.terminal import quiet_libraries
@@ -56,6 +59,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_committed_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        COMMITTED_FLAG,
+        action="store_true",
+        help="let --output be a committed folder under results/ (the Makefile's committed targets pass it)",
+    )
+
+
 def add_protocol(subparsers: argparse._SubParsersAction, protocol: Protocol) -> None:
     """A protocol's subcommand: the options every protocol shares (config file, model, presses unless it takes
     none, where results go, where they run), then its own."""
@@ -77,6 +88,7 @@ def add_protocol(subparsers: argparse._SubParsersAction, protocol: Protocol) -> 
             "--allow-import", action="store_true", help="let press specs import package.module:Class (runs the module)"
         )
     parser.add_argument("--output", type=Path, help=f"run folder (default {SCRATCH}/{protocol.name}/<model>)")
+    add_committed_option(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the grid and its work, load no model")
     parser.add_argument("--backend", choices=["local", "ray"], default="local", help="local (default) or ray")
     parser.add_argument("--ray-address", help="Ray cluster to join (default: start a local Ray instance)")
@@ -95,6 +107,8 @@ def model_settings(args: argparse.Namespace) -> ModelSettings:
 
 def run_protocol(args: argparse.Namespace) -> int:
     """A protocol run (or its dry run) from parsed options."""
+    from evaluation.protocols import shipped_work  # noqa: F401 (each protocol's work: torch, KVPress, on a run)
+
     protocol: Protocol = args.protocol
     named_once(args)
     model = model_settings(args)
@@ -135,6 +149,7 @@ def add_scorecard_options(parser: argparse.ArgumentParser) -> None:
         default=SCRATCH / "scorecard" / "combined",
         help=f"folder (default {SCRATCH}/scorecard/combined)",
     )
+    add_committed_option(parser)
     parser.add_argument(
         "--reference", default=REFERENCE, help=f"the press every other press is compared with (default {REFERENCE})"
     )
@@ -148,14 +163,18 @@ def add_scorecard_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_score_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("benchmark", choices=["longbench", "locomo"])
-    parser.add_argument(
-        "file",
-        type=Path,
-        help='JSONL; longbench: {"task", "prediction", "answers", "all_classes"}, '
-        'locomo: {"category", "prediction", "answer"} per line',
-    )
+    """The score command's options: a protocol that rescores (its ``rescoring``) and a file of its predictions."""
+    rescorings = rescoring_protocols()
+    parser.add_argument("benchmark", choices=list(rescorings))
+    lines = ", ".join(f"{name}: {rescoring.fields}" for name, rescoring in rescorings.items())
+    parser.add_argument("file", type=Path, help=f"JSONL; {lines} per line")
     parser.add_argument("--per-row", action="store_true", help='add a "rows" list of per-line scores in file order')
+    parser.set_defaults(rescorings=rescorings)
+
+
+def rescoring_protocols() -> dict[str, Rescoring]:
+    """The rescoring of every protocol whose predictions the score command rescores, by name."""
+    return {name: protocol.rescoring for name, protocol in protocols().items() if protocol.rescoring}
 
 
 def add_reproduce_options(parser: argparse.ArgumentParser) -> None:
@@ -234,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = with_config(parser, argv)
         except SystemExit as exit_:  # argparse has printed the usage and the error (or the help)
             return exit_.code
+        for flag in ("--output", "--export"):  # what a command writes where the user says
+            written = getattr(args, flag.removeprefix("--"), None)
+            if written is not None:
+                refuse_committed(Path(written), args.committed, flag)
         quiet_libraries()
         return args.act(args) if hasattr(args, "act") else run_protocol(args)
     except EvaluationError as error:  # one line, whatever a message quotes (an inner error's text may hold several)

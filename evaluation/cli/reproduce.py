@@ -3,15 +3,15 @@ their rows against the committed ones.
 
 A run's run.json names its protocol and records its settings. The protocol's typed configuration is rebuilt through
 its own options, each recorded value through its flag's type and range (``evaluation.cli.config_file``;
-``Protocol.options_of`` for a setting recorded under another name than its option's), and planned; every recorded
-setting must then equal the rebuilt run's (``loop.run_settings``). The sample keeps the run's batches: whole units,
-the cheapest first by the run's recorded unit seconds (units whose committed rows all failed last); where a
-protocol's unit splits into steps (``Protocol.steps``: a streamed question, a probe, a trace's replay), the first K
-steps, the unit's work running as in the run and stopped once the sample's rows are stored. The units run through
-``run_units`` into a temporary folder, at the run's recorded thread count (a run.json from before ``threads``: this
-machine's cores), and each row is compared with the committed row of its key: every float within its field's
-measured tolerance (``TOLERANCES``), every other value equal (text byte for byte); a field the committed row
-predates compares as what its protocol says such a row stands for (``Protocol.row_defaults``).
+``Protocol.options_of``, from each setting's declaration, for one recorded under another name or form than its
+option's), and planned; every recorded setting must then equal the rebuilt run's (``loop.run_settings``). The sample
+keeps the run's batches: whole units, the cheapest first by the run's recorded unit seconds (units whose committed
+rows all failed last); where a protocol's unit splits into steps (``Protocol.steps``: a streamed question, a probe,
+a trace's replay), the first K steps, the unit's work running as in the run and stopped once the sample's rows are
+stored. The units run through ``run_units`` into a temporary folder, at the run's recorded thread count (a run.json
+from before ``threads``: this machine's cores), and each row is compared with the committed row of its key: every
+float within its field's measured tolerance (``TOLERANCES``), every other value equal (text byte for byte); a field
+the committed row predates compares as what its protocol says such a row stands for (``Protocol.row_defaults``).
 
 One line per run, ``reproduced`` or ``differs`` (the first difference); exit status 1 when a run differs, 2 for a
 folder it cannot reproduce (no run.json, a protocol or a setting this code no longer has, a press that imports a
@@ -35,8 +35,10 @@ from evaluation.catalogue.specs import FULL_CACHE, canonical, import_paths, plan
 from evaluation.cli.config_file import option_value, subcommand
 from evaluation.cli.main import model_settings, parser_for_every_command
 from evaluation.errors import EvaluationError
+from evaluation.protocols import shipped_work  # noqa: F401 (registers each protocol's work)
 from evaluation.protocols.loop import run_settings
-from evaluation.protocols.protocol import Plan, Protocol, lacks, protocols
+from evaluation.protocols.protocol import Plan, Protocol, lacks
+from evaluation.protocols.shipped import protocols
 from evaluation.runs.backends import LOCAL, Unit, Work, run_units
 from evaluation.runs.json_rows import numbered_rows
 from evaluation.runs.progress import duration
@@ -122,8 +124,10 @@ def configured(folder: Path, record: dict, output: Path, allow_import: bool = Fa
         )
     protocol = known[name]
     parser = parser_for_every_command()
-    actions = {a.dest: a for a in subcommand(parser, name)._actions if a.option_strings}
-    args = parser.parse_args([name])
+    subparser = subcommand(parser, name)
+    actions = {a.dest: a for a in subparser._actions if a.option_strings and a.dest != "help"}
+    # the bare subcommand's options at their defaults, a required one (kvpress's --dataset) unset until recorded
+    args = argparse.Namespace(command=name, **{dest: a.default for dest, a in actions.items()}, **subparser._defaults)
     try:
         values = protocol.options_of(record["config"])
     except (KeyError, TypeError, ValueError, EvaluationError) as error:

@@ -16,8 +16,7 @@ from evaluation.catalogue.registry import compresses_while_decoding, prefills_un
 from evaluation.engine.hooks import MASKED, Compressed, kept_tokens, mask_of
 from evaluation.engine.ragged import RAGGED_SDPA, RaggedCache
 from evaluation.errors import MemoryRefusal
-from presses.attention import attention_implementation
-from presses.teacher_forcing import language_model
+from presses.harness import attention_implementation, language_model
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from presses.attention import group_mean
-from presses.fused_attention import requesting
+from presses.harness import group_mean, requesting
 
 
 @dataclass

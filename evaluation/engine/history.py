@@ -28,10 +28,21 @@ from evaluation.catalogue.needs import Needs, combined, needs
 from evaluation.catalogue.registry import ALL, SHARED
 from evaluation.engine.fused_rows import fused_rows
 from evaluation.engine.hooks import Compressed, cache_of, no_new_hooks, run_hook, run_score
-from presses.attention import DEFAULT_CHUNK_SIZE, attention_rows, group_mean, sliding_window
-from presses.column_sums import H2O_SUMS, ColumnSums, add_column_sums
-from presses.prefix import forward_capturing
-from presses.teacher_forcing import FROM_PREDICTIONS, language_model, top1_confidence, top1_predictions
+from presses.harness import (
+    DEFAULT_CHUNK_SIZE,
+    FROM_PREDICTIONS,
+    H2O_SUMS,
+    ColumnSums,
+    add_column_sums,
+    attention_rows,
+    forward_capturing,
+    group_mean,
+    language_model,
+    random_weights,
+    sliding_window,
+    top1_confidence,
+    top1_predictions,
+)
 
 EXTEND_CHUNK = 8192  # tokens per forward: a forward captures every layer's input for its tokens
 # new rows x keys up to which an extension of a cache keeps its forward's attention rows (``fused_rows``: every
@@ -54,7 +65,8 @@ class History:
 
     Rows of the ``teacher_forced_kinds`` weigh in a statistic by its correctness mode (RMM's): in teacher-forced
     column sums by their teacher-forced correctness, in confidence sums by the probability of their top-1
-    prediction; every other row weighs 1. ``weights`` holds each served mode's weight of every row. ``presses``:
+    prediction, in a random control's by the control's draw (``presses.random_weights``, the first extension its
+    block); every other row weighs 1. ``weights`` holds each served weighting's weight of every row. ``presses``:
     the presses it will be asked to serve, or what each reads (its ``Needs``).
     """
 
@@ -77,8 +89,12 @@ class History:
         self.layers = language_model(model).layers
         self.cache = DynamicCache()
         self.token_ids: list[int] = []
-        modes = {statistic.correctness for statistic in self.statistics}
-        self.weights: dict[str, list[float]] = {mode: [] for mode in FROM_PREDICTIONS if mode in modes}
+        weighted = [s for s in self.statistics if s.correctness in FROM_PREDICTIONS]
+        self.weights: dict[str, list[float]] = {s.weighting: [] for s in weighted}  # each served weighting's
+        self.seeds = {s.weighting: s.seed for s in weighted if s.seed is not None}  # the random controls'
+        self.correct: list[float | None] = []  # with a random control: per row its teacher-forced correctness,
+        # -1 while unknown, None for a row of a kind not teacher-forced
+        self.block = 0  # the random controls' block: the rows of the first extension but its last
         self.inputs: list[torch.Tensor] = []  # per layer (batch, <= rows, hidden): the newest rows' layer input
         self.rotary: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, every row's (cos, sin)
         self.sums: dict[ColumnSums, list[torch.Tensor]] = {s: [] for s in self.statistics}  # (batch, heads, length)
@@ -87,6 +103,7 @@ class History:
         self._padded_input: torch.Tensor | None = None  # ``layer_input``'s buffer, zeros but for the newest rows
         self._newest_prediction: int | None = None
         self._pending_is_forced = False  # whether the newest row's teacher-forced weight waits for the next token
+        self._random_newest: int | None = None  # the newest row's prediction, for the random controls
 
     @property
     def length(self) -> int:
@@ -114,6 +131,10 @@ class History:
         as ``EXTEND_CHUNK`` tokens per forward allow, so that the layer inputs a forward captures stay bounded."""
         token_ids = [token for ids, _ in segments for token in ids]
         forced = [kind in self.teacher_forced_kinds for ids, kind in segments for _ in ids]
+        if self.seeds and not self.length:
+            self.block = len(token_ids) - 1
+            if len(token_ids) > EXTEND_CHUNK:  # the block's rows are weighed before its last forward
+                self.correct = self._correctness(token_ids, forced)
         for first in range(0, len(token_ids), EXTEND_CHUNK):
             self._extend(token_ids[first : first + EXTEND_CHUNK], forced[first : first + EXTEND_CHUNK])
 
@@ -183,7 +204,45 @@ class History:
             self._newest_prediction, self._pending_is_forced = predicted.get(len(token_ids) - 1), forced[-1]
         if "confidence" in self.weights:  # known with the row's logits: nothing waits
             new_weights["confidence"] = [confident.get(row, 1.0) for row in range(len(token_ids))]
+        if self.seeds:
+            new_weights |= self._random_weights(predicted, token_ids)
         return new_weights
+
+    def _random_weights(self, predicted: dict[int, int], token_ids: list[int]) -> dict[str, list[float]]:
+        """Each random control's weights of the new rows (``presses.random_weights``), once their teacher-forced
+        correctness, and the previous newest row's, is recorded; a row's weight reads the rows before it only."""
+        start = self.length
+        if self.correct and self.correct[-1] == -1 and len(self.correct) == start:
+            self.correct[-1] = float(self._random_newest == token_ids[0])
+        for row in range(len(self.correct) - start, len(token_ids)):  # the rows a first pass has not recorded
+            following = token_ids[row + 1] if row + 1 < len(token_ids) else None
+            self.correct.append(
+                None if row not in predicted else -1 if following is None else float(predicted[row] == following)
+            )
+        self._random_newest = predicted.get(len(token_ids) - 1)
+        counted = torch.tensor([[value is not None for value in self.correct]])
+        correct = torch.tensor([[value or 0.0 for value in self.correct]])
+        block, new = torch.tensor([self.block]), slice(start, start + len(token_ids))
+        return {
+            key: random_weights(correct, correct >= 0, counted, block, seed)[0][0, new].tolist()
+            for key, seed in self.seeds.items()
+        }
+
+    @torch.no_grad()
+    def _correctness(self, token_ids: list[int], forced: list[bool]) -> list[float | None]:
+        """The teacher-forced correctness of a first extension's rows (-1 for its last, None where not forced),
+        from a forward of its own, ``EXTEND_CHUNK`` tokens at a time."""
+        cache, predicted, stack = DynamicCache(), [], language_model(self.model)
+        for first in range(0, len(token_ids), EXTEND_CHUNK):
+            ids = torch.tensor([token_ids[first : first + EXTEND_CHUNK]], device=self.model.device)
+            positions = torch.arange(first, first + ids.shape[1], device=ids.device)[None]
+            hidden = stack(input_ids=ids, past_key_values=cache, position_ids=positions, use_cache=True)[0]
+            predicted += top1_predictions(self.model.get_output_embeddings(), hidden)[0].tolist()
+        following = [*token_ids[1:], None]
+        return [
+            None if not is_forced else -1 if after is None else float(guess == after)
+            for guess, after, is_forced in zip(predicted, following, forced, strict=True)
+        ]
 
     def _add_rows(
         self,
@@ -206,7 +265,7 @@ class History:
             sums[index] = torch.cat([sums[index], zeros], dim=-1)
             held = self.pending.get(statistic, {}).pop(index, None)
             if held is not None:  # the previous newest row, now that its weight is known
-                sums[index][..., : held.shape[-1]] += held * self.weights[statistic.correctness][start - 1]
+                sums[index][..., : held.shape[-1]] += held * self.weights[statistic.weighting][start - 1]
         weights = {mode: torch.tensor([row_weights], device=keys.device) for mode, row_weights in new_weights.items()}
         if self._pending_is_forced:
             weights["teacher_forced"][0, -1] = 0.0
@@ -216,7 +275,7 @@ class History:
         for first, probs in kept:
             rows = torch.arange(start + first, start + first + probs.shape[2], device=keys.device)
             for statistic, sums in self.sums.items():
-                weighted = weights.get(statistic.correctness)
+                weighted = weights.get(statistic.weighting)
                 add_column_sums(
                     sums[index], probs, rows, statistic.lag, None if weighted is None else weighted[:, rows - start]
                 )

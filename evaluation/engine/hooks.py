@@ -23,8 +23,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from presses.column_sums import ColumnSumReader, ColumnSums
-from presses.wrapped import every_press
+from presses.harness import ColumnSumReader, ColumnSums, every_press
 
 MASKED = "masked_key_indices"
 

@@ -27,7 +27,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from evaluation.engine.hooks import Compressed
-from presses.attention import causal_mask
+from presses.harness import causal_mask
 
 RAGGED_SDPA = "kvet_ragged_sdpa"
 

@@ -23,7 +23,9 @@ from evaluation.catalogue.specs import FULL_CACHE, plan_spec
 from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.reporting.conditions import Benchmark, Contrast, Metric, PressContrast
 from evaluation.reporting.intervals import (
+    EXACT_TO_SETTLE,
     EXACT_UP_TO,
+    MAX_FLIPS,
     MC_ERROR_SE,
     MIN_EXAMPLES_FOR_INTERVAL,
     MIN_FLIPS,
@@ -46,11 +48,12 @@ POWER_NOTE = (
     "p: the paired sign-flip permutation test of the mean difference (two-sided; on the summed differences of each "
     f"cluster where pairs share a unit), exact over every sign assignment up to {EXACT_UP_TO} non-zero differences, "
     f"else {MIN_FLIPS:,} seeded random flips with the Monte Carlo error (`p_error` in the csv, {MC_ERROR_SE:g} "
-    "standard errors). A verdict is win or loss where p < 0.05 in the metric's direction, else tie; the interval "
-    "(a bootstrap, of clusters where pairs share a unit) only shows the spread. MDE: the smallest difference these "
-    "pairs detect with 80% power at a two-sided 5% level, (z_0.975 + z_0.8) x the mean's standard error "
-    "(cluster-robust where pairs share a unit; SD / sqrt(n) otherwise; normal approximation). Holm: the verdict "
-    "after Holm's correction over the primary family (below)."
+    "standard errors); where that error leaves a decision after Holm open, every sign assignment up to "
+    f"{EXACT_TO_SETTLE} non-zero differences, else up to {MAX_FLIPS:,} flips. A verdict is win or loss where p < "
+    "0.05 in the metric's direction, else tie; the interval (a bootstrap, of clusters where pairs share a unit) "
+    "only shows the spread. MDE: the smallest difference these pairs detect with 80% power at a two-sided 5% level, "
+    "(z_0.975 + z_0.8) x the mean's standard error (cluster-robust where pairs share a unit; SD / sqrt(n) "
+    "otherwise; normal approximation). Holm: the verdict after Holm's correction over the primary family (below)."
 )
 
 
@@ -631,7 +634,7 @@ def families_section(
         ]
     elif units:
         lines += [f'Unit: the {", ".join(units)}, each pair its own; "too few" means under {MIN_PAIRS} pairs.', ""]
-    against = " and ".join(dict.fromkeys([reference, "the full cache"]))
+    against = " and ".join(dict.fromkeys([baseline_name(reference), "the full cache"]))
     for metric in metrics_of(summary):
         for family, where in ((PRIMARY, "the tallied conditions"), (SUBGROUPS, "the other conditions")):
             chosen = summary[(summary["metric"] == metric) & (summary["family"] == family)]
@@ -888,18 +891,29 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str, order: list[s
     axes = figure.subplots(len(heights), 1, squeeze=False, height_ratios=[h + 2 for h in heights])[:, 0]
     for axis, ((against, metric), group) in zip(axes, groups, strict=True):
         forest_panel(axis, group, presses, markers)
-        no_verdict = (
-            f"; no verdict: every comparison has under {MIN_PAIRS} clusters"
-            if (group["verdict"] == TOO_FEW).all()
-            else ""
-        )
-        axis.set_title(f"{metric.name} against {baseline_name(against)}{no_verdict}", fontsize=8)
-        axis.set_xlabel(
-            f"difference against {baseline_name(against)} ({metric.name}, {metric.unit}; {metric.direction}; 95% "
-            "paired bootstrap interval)",
-            fontsize=7,
-        )
-        axis.set_ylabel("condition, budget", fontsize=7)
+        forest_labels(axis, group, against, metric)
+    forest_legend(figure, compared, presses, markers)
+    return save_figure(figure, path)
+
+
+def forest_labels(axis: Axes, group: pd.DataFrame, against: str, metric: Metric) -> None:
+    """A forest panel's title (saying so where no comparison of ``group`` has a verdict) and axis labels: the
+    comparison against ``against`` and the ``metric`` with its unit and direction."""
+    no_verdict = (
+        f"; no verdict: every comparison has under {MIN_PAIRS} clusters" if (group["verdict"] == TOO_FEW).all() else ""
+    )
+    axis.set_title(f"{metric.name} against {baseline_name(against)}{no_verdict}", fontsize=8)
+    axis.set_xlabel(
+        f"difference against {baseline_name(against)} ({metric.name}, {metric.unit}; {metric.direction}; 95% "
+        "paired bootstrap interval)",
+        fontsize=7,
+    )
+    axis.set_ylabel("condition, budget", fontsize=7)
+
+
+def forest_legend(figure: Figure, compared: pd.DataFrame, presses: list[str], markers: dict[str, str]) -> None:
+    """The forest's legend below its panels: each press's marker, then the verdicts' colours (no headroom only
+    where ``compared`` holds one) and the hollow grey of too few clusters."""
     verdicts = [
         Line2D([], [], marker="s", linestyle="", color=c, label=v)
         for v, c in VERDICT_COLORS.items()
@@ -925,7 +939,6 @@ def plot_forest(path: Path, summary: pd.DataFrame, reference: str, order: list[s
         title="marker: press; colour: its verdict before Holm's correction (the scorecard gives both)",
         title_fontsize=7,
     )
-    return save_figure(figure, path)
 
 
 def nothing_drawn(summary: pd.DataFrame, reference: str) -> str:

@@ -7,7 +7,9 @@ Locally that is the run's own ``ResultStore``. On Ray each worker loads the mode
 store seeded with the unit's finished rows, and returns the new rows; only the driver writes them, so the
 results file, the resume rule and the scorecards are the same as a local run's. A unit whose worker fails or
 dies is retried on a fresh worker up to ``retries`` times, then reported; the other units still finish.
-``ray`` is imported only by the Ray backend.
+``ray`` is imported only by the Ray backend. What a unit's work reads besides the model travels with the work and
+the unit, as values: a run's cells carry their presses resolved where the run started (``catalogue.budgets.Cell``),
+so a worker resolves no press spec again, and imports a press's module only as unpickling it does.
 """
 
 from __future__ import annotations

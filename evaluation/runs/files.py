@@ -4,7 +4,9 @@ A file is written whole to a new file beside it and renamed over it (``replaced`
 to append where the system refuses a link (``append_only``). A folder in which a link (a symbolic link, or a file
 with a second name: a hard link, a ``cp -al`` copy), or anything but a file, stands where one of the harness's files
 belongs is refused before anything in it is touched (``refuse_links``), as is an existing folder that holds files
-but no run of the harness (``refuse_foreign``).
+but no run of the harness (``refuse_foreign``). The checkout's ``results/`` holds the committed runs: a folder
+under it is written only with ``--committed``, which the Makefile's committed targets alone pass
+(``refuse_committed``).
 An ``OSError`` of a write names the file it was writing (``naming``), a full disk included.
 """
 
@@ -21,12 +23,25 @@ from pathlib import Path
 from typing import BinaryIO
 
 from evaluation.errors import EvaluationError
+from evaluation.runs.data_location import CHECKOUT
 
 SCORECARD_FILES = ("scorecard.md", "scorecard.csv", "contrasts.csv", "press_contrasts.csv", "*.png")
 PROGRESS_LOG = "progress.log"  # a run's progress, one timestamped line per step (evaluation.runs.progress)
 RUN_FILES = (".lock", "predictions.jsonl", "*.json", PROGRESS_LOG, *SCORECARD_FILES)
 STAGED = re.compile(r"\..+-[0-9a-f]{12}(\.\w+)?")  # a file ``replaced`` writes before its rename
 LEFT_BEFORE_RECORD = re.compile(r"\.lock|\.run-[0-9a-f]{12}\.json")  # what a run leaves before its run.json
+COMMITTED = CHECKOUT / "results"  # the committed runs and scorecards
+COMMITTED_FLAG = "--committed"  # passed by the Makefile's committed targets only
+
+
+def refuse_committed(path: Path, committed: bool, flag: str = "--output") -> None:
+    """A ``path`` (given as ``flag``) inside the checkout's ``results/``, by any path or link that leads there, is an
+    error unless the command line says ``--committed``: a newcomer's command never writes a committed run."""
+    if path.resolve().is_relative_to(COMMITTED.resolve()) and not committed:
+        raise EvaluationError(
+            f"{flag} {path} is inside this checkout's results/, the committed runs, which only the Makefile's "
+            f"committed targets write (they pass {COMMITTED_FLAG}): pass {flag} outside it, such as scratch/..."
+        )
 
 
 def refuse_link(path: Path) -> None:

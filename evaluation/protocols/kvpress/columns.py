@@ -4,10 +4,12 @@ max_new_tokens), read from a parquet or JSONL file and written back as parquet, 
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 from evaluation.errors import EvaluationError
+from evaluation.runs.files import write_atomically
 
 COLUMNS = ("context", "question", "answer_prefix", "answer", "task", "max_new_tokens")
 TEXT_COLUMNS = ("context", "question", "answer_prefix", "task")
@@ -47,11 +49,14 @@ class KVPressExample:
 
 
 def export_parquet(examples: list[KVPressExample], path: Path) -> None:
-    """``examples`` as a parquet file in KVPress's columns, in order."""
+    """``examples`` as a parquet file in KVPress's columns, in order, written whole beside ``path`` and renamed over
+    it (``write_atomically``: never through a link)."""
     import pandas as pd
 
+    data = io.BytesIO()
+    pd.DataFrame([example.columns() for example in examples]).to_parquet(data, index=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([example.columns() for example in examples]).to_parquet(path, index=False)
+    write_atomically(path, data.getvalue())
 
 
 def read_examples(path: Path) -> list[KVPressExample]:
@@ -63,6 +68,8 @@ def read_examples(path: Path) -> list[KVPressExample]:
         raise EvaluationError(f"{path} not found: pass --data a parquet or JSONL file in KVPress's columns")
     try:
         frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_json(path, lines=True, dtype=False)
+    except UnicodeDecodeError as error:
+        raise EvaluationError(f"{path}: not UTF-8 (byte {error.start}): save it as UTF-8") from None
     except Exception as error:
         raise EvaluationError(f"{path}: not a readable parquet or JSONL file ({type(error).__name__})") from None
     missing = [column for column in COLUMNS if column not in frame.columns]

@@ -32,13 +32,24 @@ def prompt_tokens(tokenizer: PreTrainedTokenizerBase, context: str, question: st
     return len(tokenizer.encode(head, add_special_tokens=False)) + len(tokenizer.encode(tail, add_special_tokens=False))
 
 
+def example_parts(tokenizer: PreTrainedTokenizerBase, example: KVPressExample, query_aware: bool) -> tuple[str, str]:
+    """``prompt_parts`` of the example; query-aware, its question joins its context."""
+    context, question = (example.context + example.question, "") if query_aware else (example.context, example.question)
+    return prompt_parts(tokenizer, context, question, example.answer_prefix)
+
+
+def after_context(tokenizer: PreTrainedTokenizerBase, example: KVPressExample, query_aware: bool) -> int:
+    """How many tokens follow the example's context in its prompt: its question, the template's closing and the
+    answer prefix."""
+    return len(tokenizer.encode(example_parts(tokenizer, example, query_aware)[1], add_special_tokens=False))
+
+
 def build_prompt(
     example: KVPressExample, tokenizer: PreTrainedTokenizerBase, max_context: int, query_aware: bool
 ) -> Prompt:
     """The example's context and question token ids; a context over ``max_context`` tokens keeps its first
     ``max_context`` (KVPress's pipeline's cut), and the prompt records it as truncated."""
-    context, question = (example.context + example.question, "") if query_aware else (example.context, example.question)
-    head, tail = prompt_parts(tokenizer, context, question, example.answer_prefix)
+    head, tail = example_parts(tokenizer, example, query_aware)
     context_ids = tokenizer.encode(head, add_special_tokens=False)
     question_ids = tokenizer.encode(tail, add_special_tokens=False)
     truncated = len(context_ids) > max_context

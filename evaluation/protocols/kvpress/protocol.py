@@ -4,25 +4,31 @@ scored by its own benchmark's rule. Its work is ``evaluation.protocols.kvpress.w
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from evaluation.protocols.options import whole
-from evaluation.protocols.protocol import SAMPLED, register
+from evaluation.protocols.protocol import register
 from evaluation.protocols.single_turn.config import SingleTurnConfig
-from evaluation.protocols.single_turn.protocol import SingleTurnProtocol, add_budget_options, budget_settings
+from evaluation.protocols.single_turn.protocol import SingleTurnProtocol
 from evaluation.protocols.single_turn.row import CellRow
 from evaluation.reporting.conditions import Benchmark
-from evaluation.runs.models import ModelSettings
+from evaluation.settings import SAMPLE, setting
 
 
-@dataclass
+@dataclass(kw_only=True)
 class KVPressConfig(SingleTurnConfig):
-    dataset: str = field(default="", metadata=SAMPLED)
-    data: str | None = None
-    subset: str | None = field(default=None, metadata=SAMPLED)
-    n: int | None = field(default=None, metadata=SAMPLED)
+    dataset: str = setting(
+        "--dataset", defines=SAMPLE, required=True, help="a name of KVPress's evaluation registry (ruler, ...)"
+    )
+    data: str | None = setting(
+        "--data", default=None, help="a parquet or JSONL file in KVPress's columns (default: the hub id)"
+    )
+    subset: str | None = setting(
+        "--subset", defines=SAMPLE, default=None, help="the hub dataset's subset (KVPress's data_dir), with the hub"
+    )
+    n: int | None = setting(
+        "--n", defines=SAMPLE, type=whole(1), default=None, help="the first N examples (default all)"
+    )
 
 
 def conditions(row: CellRow) -> list[str]:
@@ -41,19 +47,6 @@ class KVPressDatasets(SingleTurnProtocol[KVPressConfig]):
         "scorecard.{md,csv} with pictures, and run.json."
     )
     benchmark = Benchmark("KVPress dataset", conditions, lambda row: (row["task"], row["id"]), 100, 1, unit="points")
-    implementation = "evaluation.protocols.kvpress.work"
-
-    def add_options(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--dataset", required=True, help="a name of KVPress's evaluation registry (ruler, ...)")
-        parser.add_argument("--data", help="a parquet or JSONL file in KVPress's columns (default: the hub id)")
-        parser.add_argument("--subset", help="the hub dataset's subset (KVPress's data_dir), with the hub")
-        parser.add_argument("--n", type=whole(1), help="the first N examples (default all)")
-        add_budget_options(parser)
-
-    def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> KVPressConfig:
-        return KVPressConfig(
-            **budget_settings(args, model, output), dataset=args.dataset, data=args.data, subset=args.subset, n=args.n
-        )
 
 
 KVPRESS = register(KVPressDatasets())

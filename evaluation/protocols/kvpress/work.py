@@ -11,9 +11,17 @@ from evaluation.errors import EvaluationError
 from evaluation.protocols.kvpress.columns import KVPressExample, read_examples
 from evaluation.protocols.kvpress.datasets import kvpress_dataset, load_hub, offline_hint, score_example
 from evaluation.protocols.kvpress.protocol import KVPressConfig, KVPressDatasets
-from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement
 from evaluation.protocols.ruler.generate import ruler_gold
-from evaluation.protocols.single_turn.examples import Gold, checked_cells, dry_run_lines, first_answer, plan_examples
+from evaluation.protocols.single_turn.examples import (
+    Gold,
+    checked_cells,
+    dataset_rooms,
+    dry_run_lines,
+    first_answer,
+    plan_examples,
+)
+from evaluation.protocols.single_turn.room import check_room
 from evaluation.reporting.conditions import ANSWER_NLL
 from evaluation.reporting.overlap import overlap_section
 from evaluation.reporting.scorecard import scores_frame, summarize
@@ -45,21 +53,19 @@ def examples_of(config: KVPressConfig) -> list[KVPressExample]:
 
 def dry_run(protocol: KVPressDatasets, config: KVPressConfig) -> str:
     dataset = kvpress_dataset(config.dataset)
-    if config.data:
-        examples = len(examples_of(config))
-        source = config.data
-    else:
-        examples = config.n or 0
-        source = f"the hub's {dataset.hub_id}"
+    read = examples_of(config) if config.data else []
+    examples = len(read) if config.data else config.n or 0
+    source = config.data or f"the hub's {dataset.hub_id}"
     head = f"KVPress dataset {dataset.name} from {source}"
-    lines = dry_run_lines(config, head, examples)
+    lines = dry_run_lines(config, head, examples, dataset_rooms(config, read))
     return lines if config.data else f"{lines}\na real run first fetches: {offline_hint(dataset.name)}"
 
 
 def plan(protocol: KVPressDatasets, config: KVPressConfig) -> Plan:
     dataset = kvpress_dataset(config.dataset)
-    cells = checked_cells(config)
+    cells = checked_cells(config, [])  # its presses before its data, which may come from the hub
     examples = examples_of(config)
+    check_room(config.model.name, dataset_rooms(config, examples))
     settings = {"source": config.data or dataset.hub_id}
     if config.data:
         settings["file_fingerprint"] = fingerprint(Path(config.data))
@@ -78,6 +84,21 @@ def write_scorecard(protocol: KVPressDatasets, config: KVPressConfig, rows: list
     )
     output = config.output
     labels = [budget.label for budget in config.budgets]
-    appendix = overlap_section(output, rows, REFERENCE)
+    appendix = overlap_section(output, rows, REFERENCE, protocol.benchmark)
     title = f"KVPress {config.dataset}: {output.name}"
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix)
+
+
+class KVPressWork(Implementation[KVPressConfig]):
+    def dry_run(self, protocol: KVPressDatasets, config: KVPressConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: KVPressDatasets, config: KVPressConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: KVPressDatasets, config: KVPressConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+KVPRESS_WORK = KVPressWork()
+implement(KVPressDatasets, KVPRESS_WORK)

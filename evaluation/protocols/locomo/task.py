@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evaluation.catalogue.specs import DEFAULT_PRESSES
+from evaluation.errors import EvaluationError
 from evaluation.metrics.locomo import CATEGORIES, PAPER_ORDER, score
 from evaluation.protocols.locomo.data import LOCOMO_URL, load_conversations, local_path, resolve_path
 from evaluation.protocols.locomo.render import (
@@ -16,13 +18,17 @@ from evaluation.protocols.locomo.render import (
     render_session,
     resolve_choice,
 )
-from evaluation.protocols.protocol import DEFINING
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question
 from evaluation.protocols.streaming.protocol import register_task
 from evaluation.protocols.streaming.task import StreamTask
 from evaluation.reporting.conditions import Benchmark
+from evaluation.reporting.rescoring import Rescoring, checked, scored
 from evaluation.runs.record import fingerprint
+from evaluation.settings import SCORES, setting
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 OVERALL = "overall (1-4)"
 VISIBLE = "evidence visible"
@@ -52,15 +58,32 @@ BENCHMARK = Benchmark(
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LocomoSettings:
-    """LoCoMo's own settings: which conversations, where the questions go, whose answers join the history, and
-    the data file."""
+    """LoCoMo's own settings: the data file, which conversations, where the questions go, and whose answers join
+    the history."""
 
-    conversations: list[str] | None
-    placement: str = field(metadata=DEFINING)
-    history: str = field(metadata=DEFINING)
-    data: str | None
+    data: str | None = setting(
+        "--data", default=None, help="locomo10.json (default: locomo/ of the shared data, else the download)"
+    )
+    conversations: list[str] | None = setting(
+        "--conversations", nargs="+", default=None, help="sample ids such as conv-26 (default: all)"
+    )
+    placement: str = setting(
+        "--placement",
+        defines=SCORES,
+        choices=["file", "evidence"],
+        default="file",
+        help="file (default, the paper's): the conversation, then the questions in file order; evidence: sessions "
+        "streamed one by one, each question right after the session of its last evidence",
+    )
+    history: str = setting(
+        "--history",
+        defines=SCORES,
+        choices=["gold", "model"],
+        default="gold",
+        help="answer appended after each turn",
+    )
 
 
 def load(config: StreamConfig) -> tuple[dict[str, str], list[Conversation]]:
@@ -80,22 +103,39 @@ def locomo_scored(conversation: Conversation, question: Question, prediction: st
     return scored, score(question.category, scored, gold_answer(question))
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", help="locomo10.json (default: locomo/ of the shared data, else the download)")
-    parser.add_argument("--conversations", nargs="+", help="sample ids such as conv-26 (default: all)")
-    parser.add_argument(
-        "--placement",
-        choices=["file", "evidence"],
-        default="file",
-        help="file (default, the paper's): the conversation, then the questions in file order; evidence: sessions "
-        "streamed one by one, each question right after the session of its last evidence",
-    )
-    parser.add_argument("--history", choices=["gold", "model"], default="gold", help="answer appended after each turn")
+ABSTENTION = 5  # the adversarial category: scored on the prediction alone, with no gold answer
 
 
-def settings(args: argparse.Namespace) -> LocomoSettings:
-    return LocomoSettings(args.conversations, args.placement, args.history, args.data)
+def category_of(path: Path, line: int, row: dict) -> int:
+    try:
+        return int(row.get("category"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise EvaluationError(f"{path}: line {line}: category {row.get('category')!r} is not LoCoMo's 1 to 5") from None
 
+
+def check_line(path: Path, line: int, row: dict, category: object) -> None:
+    given = (*(["scored_prediction"] if "scored_prediction" in row else []), "prediction")
+    checked(path, line, row, given if category == ABSTENTION else (*given, "answer"))
+
+
+def category_scores(frame: pd.DataFrame) -> dict:
+    """The mean F1 per category and overall."""
+    result = {str(key): value for key, value in frame.groupby("group")["score"].mean().items()}
+    return result | {"overall": float(frame["score"].mean())}
+
+
+# each line's ``scored_prediction`` where a run wrote one (an adversarial letter answer as its option's text, which
+# only the run's rendered options tell), else its ``prediction``
+RESCORING = Rescoring(
+    ("category", "prediction", "answer"),
+    '{"category", "prediction", "answer"}',
+    category_of,
+    check_line,
+    lambda path, line, row, category: scored(
+        path, line, score, category, row.get("scored_prediction", row["prediction"]), row.get("answer")
+    ),
+    category_scores,
+)
 
 LOCOMO = register_task(
     StreamTask(
@@ -112,12 +152,12 @@ LOCOMO = register_task(
         scored=locomo_scored,
         benchmark=BENCHMARK,
         metric="F1",
-        add_options=add_options,
-        settings=settings,
+        settings=LocomoSettings,
         presses=DEFAULT_PRESSES,
         budgets=(1800,),
         max_new_tokens=32,
         caveat="; adversarial questions (category 5) are scored by their own rule and kept apart",
         downloads=downloads,
+        rescoring=RESCORING,
     )
 )

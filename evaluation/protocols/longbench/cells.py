@@ -7,46 +7,38 @@ from functools import partial
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.catalogue.resolved import resolve_presses
-from evaluation.errors import EvaluationError
+from evaluation.catalogue.budgets import Cell
 from evaluation.metrics.longbench import sample_score
 from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import Example, TaskConfig
 from evaluation.protocols.longbench.prompts import STOP_AT_NEWLINE_TASKS, build_prompt
-from evaluation.protocols.single_turn.cells import Case, Cell, run_case
+from evaluation.protocols.single_turn.cells import Case, run_case
+from evaluation.protocols.single_turn.room import Room, check_room
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
 
 CHAT_MARGIN = 64  # tokens left for the chat template around a truncated prompt
-MIN_PROMPT = 64  # the fewest tokens a truncated prompt keeps: its question and a little of its context
 
 
 def prompt_budget(
     config: LongBenchConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str, task: TaskConfig
 ) -> int:
     """The official truncation length: ``--max-length``, else the model's context less the answer and chat room;
-    a context that cannot hold them is an error (``room_refusal``)."""
+    a context that cannot hold them is an error (``room``)."""
     context = context_length(tokenizer, model.config)
-    refusal = room_refusal(config, context, name, task)
-    if refusal:
-        raise EvaluationError(refusal)
+    check_room(config.model.name, [room(config, name, task)], context)
     return config.max_length if config.max_length is not None else context - task.max_new_tokens - CHAT_MARGIN
 
 
-def room_refusal(config: LongBenchConfig, context: int, name: str, task: TaskConfig) -> str:
-    """Why a model's ``context`` cannot hold task ``name``'s answer, the chat template and its prompt ("" when it
-    can): the prompt is ``--max-length`` tokens, or at least ``MIN_PROMPT``."""
-    prompt = config.max_length if config.max_length is not None else MIN_PROMPT
-    needed = prompt + task.max_new_tokens + CHAT_MARGIN
-    if needed <= context:
-        return ""
-    what = f"--max-length {prompt}" if config.max_length is not None else f"a prompt of at least {MIN_PROMPT}"
-    return (
-        f"--model {config.model.name}: its context of {context} tokens cannot hold {what} plus {name}'s answer "
-        f"length of {task.max_new_tokens} and {CHAT_MARGIN} for the chat template ({needed} tokens): use a model "
-        "with a longer context" + (", or a smaller --max-length" if config.max_length is not None else "")
-    )
+def room(config: LongBenchConfig, name: str, task: TaskConfig) -> Room:
+    """What task ``name``'s cases need of a context: its answer, the chat template's margin and a prompt of
+    ``--max-length`` tokens, or at least ``MIN_PROMPT`` (cut in the middle)."""
+    chat = {"after": CHAT_MARGIN, "after_what": f"{CHAT_MARGIN} for the chat template"}
+    if config.max_length is None:
+        return Room(name, task.max_new_tokens, **chat)
+    what = f"--max-length {config.max_length}"
+    return Room(name, task.max_new_tokens, config.max_length, what, **chat, remedy="a smaller --max-length")
 
 
 def case_of(
@@ -76,7 +68,6 @@ def run_example(
     cells: list[Cell],
 ) -> None:
     """One unit: the missing cells of one example, and the likelihood of those older code stored without it."""
-    resolve_presses(config.presses, config.allow_import)  # once per process: a Ray worker's own resolution
     model, tokenizer = loaded
     example: Example = unit.payload
     task_config = task_configs[example.task]

@@ -6,13 +6,13 @@ from dataclasses import replace
 from functools import partial
 
 import pandas as pd
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Cell, budget_label, press_cells
-from evaluation.catalogue.resolved import fetch_notes, resolve_press, resolve_presses
-from evaluation.catalogue.specs import FULL_CACHE
+from evaluation.catalogue.resolved import ResolvedPress, fetch_notes, resolve_presses
 from evaluation.errors import EvaluationError
 from evaluation.protocols.longbench import cells
-from evaluation.protocols.longbench.config import PATHS, LongBenchConfig
+from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.longbench.data import (
     CONFIG_FILES,
     TaskConfig,
@@ -25,14 +25,17 @@ from evaluation.protocols.longbench.data import (
 )
 from evaluation.protocols.longbench.degeneracy import degeneracy_lines
 from evaluation.protocols.longbench.protocol import LongBench
-from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.options import PATHS
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement
 from evaluation.protocols.single_turn import cells as single_turn
+from evaluation.protocols.single_turn.cells import Case
+from evaluation.protocols.single_turn.room import check_room
 from evaluation.reporting.conditions import ANSWER_NLL
 from evaluation.reporting.overlap import overlap_section
 from evaluation.reporting.scorecard import press_contrast_table, scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
-from evaluation.runs.models import known_context, what_loading_fetches
+from evaluation.runs.models import what_loading_fetches
 from evaluation.runs.record import fingerprint
 
 
@@ -71,13 +74,13 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
     official: dict[str, int] | None = None
     if data_dir is not None:
         task_configs = load_configs(data_dir, config.tasks)
-        check_room(config, task_configs)
+        check_rooms(config, task_configs)
         examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
         known = len(examples)
         official = official_lengths(task_configs)
         answer_tokens, fetched = sum(config.generation_cap(official[e.task]) for e in examples), []
     bound = known if known is not None else config.n * len(config.tasks) if config.n else None
-    shared = [cell for cell in grid if config.path == "shared" and single_turn.shares_prefill(cell[0])]
+    shared = [cell for cell in grid if config.path == "shared" and cell.press.shares_prefill]
     alone = len(grid) - len(shared)
 
     def times(k: int) -> str:
@@ -87,7 +90,7 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
     lines = [
         f"LongBench: {count} examples ({', '.join(config.tasks)}) x {len(grid)} cells = {times(len(grid))} "
         f"cells, model {config.model.label}",
-        *(f"  {press} @ {budget_label(budget)}{path_note(press, (press, budget) in shared)}" for press, budget in grid),
+        *(f"  {cell.label} @ {budget_label(cell.budget)}{path_note(cell.press, cell in shared)}" for cell in grid),
         f"prefills: {times(bool(shared) + alone)} ({count} shared by {len(shared)} cells each, "
         f"{times(alone)} per cell)",
         f"decodes: {times(len(grid))} ({count} batches of {len(shared)} caches, {times(alone)} alone)"
@@ -96,20 +99,14 @@ def dry_run(protocol: LongBench, config: LongBenchConfig) -> str:
         else "decodes: none (--likelihood-only: each cell's gold answer forced in one forward)",
         *([departure] if (departure := departure_note(config, official)) else []),
     ]
-    fetched += [what_loading_fetches(config.model.name), *fetch_notes([press for press, _ in grid], config.model.name)]
+    fetched += [what_loading_fetches(config.model.name), *fetch_notes([cell.press for cell in grid], config.model.name)]
     lines += [f"a real run first fetches: {item}" for item in fetched if item] or ["everything it reads is local"]
     return "\n".join(lines)
 
 
-def check_room(config: LongBenchConfig, task_configs: dict[str, TaskConfig]) -> None:
-    """Before any model loads: a model whose context (read from its files) cannot hold a task's answer, the chat
-    template and a prompt is an error naming the numbers; a model whose files are not local is checked when it
-    loads."""
-    context = known_context(config.model.name)
-    for task, task_config in task_configs.items() if context is not None else ():
-        refusal = cells.room_refusal(config, context, task, task_config)
-        if refusal:
-            raise EvaluationError(refusal)
+def check_rooms(config: LongBenchConfig, task_configs: dict[str, TaskConfig]) -> None:
+    """Before any model loads: every task's ``cells.room``, in the model's context as its files say it."""
+    check_room(config.model.name, [cells.room(config, task, task_config) for task, task_config in task_configs.items()])
 
 
 def official_lengths(task_configs: dict[str, TaskConfig]) -> dict[str, int]:
@@ -137,30 +134,29 @@ def departure_note(config: LongBenchConfig, official: dict[str, int] | None) -> 
     )
 
 
-def path_note(press: str, shared: bool) -> str:
+def path_note(press: ResolvedPress, shared: bool) -> str:
     """How a dry run's press runs, after its name: nothing on the shared path, else the per-cell path, or what a
     real run imports."""
     if shared:
         return ""
-    resolved = resolve_press(press)
-    return f" ({resolved.describe()})" if resolved.dry else " (per-cell path)"
+    return f" ({press.describe()})" if press.dry else " (per-cell path)"
 
 
 def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
     grid = checked_cells(config)
     data_dir = resolve_data_dir(config.data_dir, config.tasks)
     task_configs = load_configs(data_dir, config.tasks)
-    check_room(config, task_configs)
+    check_rooms(config, task_configs)
     examples = [example for task in config.tasks for example in load_task(data_dir, task, config.n)]
     files = [data_dir / f"{task}.jsonl" for task in config.tasks]
     files += [data_dir / "config" / name for name in CONFIG_FILES]
     engine = config.path == "shared"
-    units = [Unit(f"{e.task}/{e.id}", e, frozenset(single_turn.cell_key(e, *cell) for cell in grid)) for e in examples]
+    units = [Unit(f"{e.task}/{e.id}", e, frozenset(single_turn.cell_key(e, cell) for cell in grid)) for e in examples]
     settings = {
         "data_dir": str(data_dir),
         "budgets": [b.key for b in config.budgets],
         "data_fingerprint": fingerprint(*files),
-        "paths": {p: single_turn.path_record(p, engine) for p in config.presses if p != FULL_CACHE},
+        "paths": single_turn.path_records(config.presses, grid, engine),
     }
     work = partial(cells.run_example, config=config, task_configs=task_configs, cells=grid)
     official = official_lengths(task_configs)
@@ -170,6 +166,26 @@ def plan(protocol: LongBench, config: LongBenchConfig) -> Plan:
     )
     departure = departure_note(config, official)
     return Plan(units, work, settings, ("data_fingerprint",), summary + (f"; {departure}" if departure else ""))
+
+
+def cases(config: LongBenchConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[Case]:
+    """Each example of the run (the first ``n`` of each task) as its case, cut as a run cuts it. A public entry
+    point, with ``case_rows``: benchmarks/ time a case's cells."""
+    data_dir = resolve_data_dir(config.data_dir, config.tasks)
+    task_configs = load_configs(data_dir, config.tasks)
+    budgets = {task: cells.prompt_budget(config, model, tokenizer, task, task_configs[task]) for task in config.tasks}
+    return [
+        cells.case_of(example, task_configs[task], tokenizer, budgets[task], config.query_aware)
+        for task in config.tasks
+        for example in load_task(data_dir, task, config.n)
+    ]
+
+
+def case_rows(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: LongBenchConfig, case: Case, grid: list[Cell]
+) -> list[dict]:
+    """The rows of ``grid``'s cells of one case on the configuration's path, as a run computes them."""
+    return list(single_turn.run_cells(model, tokenizer, config, case, grid))
 
 
 def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dict]) -> None:
@@ -196,7 +212,22 @@ def write_scorecard(protocol: LongBench, config: LongBenchConfig, rows: list[dic
     labels = [b.label for b in config.budgets]
     caps = {task: config.generation_cap(length) for task, length in official.items()}
     appendix = ([] if config.likelihood_only else degeneracy_lines(rows, caps)) + overlap_section(
-        output, rows, REFERENCE
+        output, rows, REFERENCE, benchmark
     )
     title = f"LongBench: {output.name}"
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix, press_contrasts=against)
+
+
+class LongBenchWork(Implementation[LongBenchConfig]):
+    def dry_run(self, protocol: LongBench, config: LongBenchConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: LongBench, config: LongBenchConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: LongBench, config: LongBenchConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+LONGBENCH_WORK = LongBenchWork()
+implement(LongBench, LONGBENCH_WORK)

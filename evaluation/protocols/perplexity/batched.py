@@ -26,8 +26,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from evaluation.engine.hooks import cache_of
 from evaluation.protocols.perplexity.stream import streamed_nll
-from presses import RMMPress
-from presses.wrapped import every_press
+from presses.harness import RMMPress, every_press
 
 
 def batchable(press: BasePress) -> bool:

@@ -27,10 +27,10 @@ from evaluation.catalogue.needs import needs
 from evaluation.catalogue.registry import SHARED
 from evaluation.catalogue.resolved import ResolvedPress
 from evaluation.errors import EvaluationError
-from presses import RMMPress
-from presses.ordered_scorer_press import OrderedScorerPress
+from presses.harness import OrderedScorerPress, RMMPress, kept_indices
 
 H2O_RULE = "rmm(correctness='uniform')"  # H2O's accumulated attention, streamed (docs/perplexity.md)
+ROUNDING_TIES = 8 * torch.finfo(torch.float32).eps  # relative: float32 scores this close tie (docs/perplexity.md)
 
 
 def base_press(resolved: ResolvedPress, chunk: int) -> tuple[BasePress, str]:
@@ -72,7 +72,10 @@ class InPositionOrder(OrderedScorerPress):
     """KVPress's scorer ``press`` with its kept entries left in position order (``OrderedScorerPress``): KVPress's
     ``ScorerPress`` stores them in score order, which a stream that evicts at every step turns into an order no
     position rule can read (StreamingLLM's sinks and window are slots 0-3 and the newest slots; SnapKV pools over
-    neighbouring slots). Ties evict the lower position."""
+    neighbouring slots). Ties evict the lower position, and scores within float32 rounding of each other
+    (``ROUNDING_TIES``) tie: a token repeated in the text has one layer-0 key norm (its key is rotated to each
+    position), which KNorm's float32 scores round up to an ulp apart, and differently in forwards over different
+    numbers of rows."""
 
     press: ScorerPress | None = None
 
@@ -83,6 +86,9 @@ class InPositionOrder(OrderedScorerPress):
     def score(self, *args, **kwargs) -> torch.Tensor:
         self.press.compression_ratio = self.compression_ratio  # what DecodingPress set for this step
         return self.press.score(*args, **kwargs)
+
+    def select(self, scores: torch.Tensor, n_kept: int) -> torch.Tensor:
+        return kept_indices(scores, n_kept, tolerance=ROUNDING_TIES)
 
 
 def decoding_press(press: BasePress, budget: int) -> k.DecodingPress:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from kvpress.presses.base_press import BasePress
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedModel
 
 from evaluation.catalogue.budgets import Budget, budget_key, budget_label
 from evaluation.catalogue.resolved import ResolvedPress, resolve_press, resolve_presses
@@ -29,8 +29,8 @@ from evaluation.protocols.perplexity.card import write_perplexity_card
 from evaluation.protocols.perplexity.config import BATCHED, CELL_BY_CELL, PerplexityConfig
 from evaluation.protocols.perplexity.protocol import POSITION_WINDOW, Perplexity, PerplexityRow
 from evaluation.protocols.perplexity.stream import base_press, decoding_press, pieces, streamed_nll
-from evaluation.protocols.protocol import Plan
-from evaluation.protocols.traces.record import source_file, source_text, text_tokens
+from evaluation.protocols.protocol import Implementation, Plan, implement
+from evaluation.protocols.texts import source_file, source_text, text_tokens
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import resolve_model_path, what_loading_fetches
 from evaluation.runs.progress import active
@@ -42,12 +42,17 @@ BYTES_PER_TOKEN = 64  # the most of a --text-file read for each token streamed
 
 @dataclass(frozen=True)
 class Cell:
-    """One press at one budget (None: the full cache) over every text; ``refusal`` says why the press cannot hold
-    the budget at all (its rows are recorded failed, nothing streamed)."""
+    """One press at one budget (None: the full cache) over every text, its press resolved (it travels to the
+    worker that streams it); ``refusal`` says why the press cannot hold the budget at all (its rows are recorded
+    failed, nothing streamed)."""
 
-    press: str
+    press: ResolvedPress
     budget: Budget | None
     refusal: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.press.label
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ def checked_presses(config: PerplexityConfig, dry_run: bool = False) -> tuple[li
     """The run's presses, each checked streamable in the run's form before any data (a dry run builds none), and
     what each streams as where that is not its own press."""
     if not config.texts and not config.text_files:
-        raise EvaluationError("no texts: give --texts (multi_news:N, locomo:SAMPLE_ID) or --text-file")
+        raise EvaluationError("no texts: give --texts (multi_news:N, locomo:SAMPLE_ID, essays:N) or --text-file")
     if config.chunk >= config.length:
         raise EvaluationError(f"--chunk {config.chunk} must be below --length {config.length}")
     presses = resolve_presses(config.presses, config.allow_import, dry_run)
@@ -80,9 +85,9 @@ def checked_presses(config: PerplexityConfig, dry_run: bool = False) -> tuple[li
 def cells(presses: list[ResolvedPress], budgets: list[Budget]) -> list[Cell]:
     """The full cache once (if asked for), then every other press at every budget; a budget a press cannot hold
     (RMM's lag at or above it) is a cell of failed rows."""
-    full = [Cell(FULL_CACHE, None)] if any(press.label == FULL_CACHE for press in presses) else []
+    full = [Cell(press, None) for press in presses if press.label == FULL_CACHE][:1]
     return full + [
-        Cell(press.label, budget, press.budget_refusal(int(budget.value)))
+        Cell(press, budget, press.budget_refusal(int(budget.value)))
         for press in presses
         if press.label != FULL_CACHE
         for budget in budgets
@@ -103,7 +108,7 @@ def unit_cells(grid: list[Cell], one_at_a_time: bool) -> list[list[Cell]]:
 
 def unit_name(cells: list[Cell]) -> str:
     budget = budget_key(cells[0].budget)
-    return f"{cells[0].press} @ {budget}" if len(cells) == 1 else f"{len(cells)} presses @ {budget}"
+    return f"{cells[0].label} @ {budget}" if len(cells) == 1 else f"{len(cells)} presses @ {budget}"
 
 
 def text_sources(config: PerplexityConfig) -> list[tuple[str, Path]]:
@@ -111,8 +116,9 @@ def text_sources(config: PerplexityConfig) -> list[tuple[str, Path]]:
     sources = [(spec, source_file(spec, config.data_root)) for spec in config.texts]
     for given in config.text_files:
         path = Path(given)
-        if not path.is_file():
-            raise EvaluationError(f"--text-file {given} not found: give a UTF-8 text file")
+        if not path.is_file():  # nor a folder, a pipe (whose read would wait) or a device
+            why = "is not a file (a folder, a pipe or a device)" if path.exists() else "not found"
+            raise EvaluationError(f"--text-file {given} {why}: give a UTF-8 text file")
         sources.append((f"file:{path.name}", path))
     names = [name for name, _ in sources]
     if len(set(names)) != len(names):
@@ -156,7 +162,7 @@ def dry_run(protocol: Perplexity, config: PerplexityConfig) -> str:
     lines = [
         f"Perplexity: {texts} texts x {config.length} tokens, {config.form}, model {config.model.label}",
         *(
-            f"  {cell.press} @ {budget_label(cell.budget, config.length)}"
+            f"  {cell.label} @ {budget_label(cell.budget, config.length)}"
             + (f" (failed rows: {cell.refusal})" if cell.refusal else "")
             for cell in grid
         ),
@@ -178,7 +184,7 @@ def plan(protocol: Perplexity, config: PerplexityConfig) -> Plan:
     names, token_ids = text_token_ids(config)
     units = []
     for unit in unit_cells(cells(presses, config.budgets), config.cells_one_at_a_time):
-        keys = frozenset((name, cell.press, budget_key(cell.budget)) for cell in unit for name in names)
+        keys = frozenset((name, cell.label, budget_key(cell.budget)) for cell in unit for name in names)
         units.append(Unit(unit_name(unit), Streamed(unit, names, token_ids), keys))
     settings = {
         "data_root": str(config.data_root),
@@ -204,7 +210,7 @@ def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, strea
         try:
             if cell.refusal:
                 raise PressCannotRun(cell.refusal)
-            with nullcontext() if cell.budget is None else press_cell(cell.press):
+            with nullcontext() if cell.budget is None else press_cell(cell.label):
                 presses[cell] = cell_press(cell, config)
         except PressCannotRun as error:
             failed(store, identity(cell, config), streamed.names, str(error))
@@ -214,14 +220,14 @@ def work(loaded, unit: Unit, store: ResultStore, config: PerplexityConfig, strea
     forwards = len(pieces(config.length, config.chunk))
     if together:
         try:
-            with press_cell(" + ".join(cell.press for cell in together)), streaming(unit, forwards, ids) as step:
+            with press_cell(" + ".join(cell.label for cell in together)), streaming(unit, forwards, ids) as step:
                 nlls = batched_nll(model, ids, [presses[cell] for cell in together], config.chunk, step)
         except PressCannotRun:
             together = []
         for cell, nll in zip(together, nlls if together else [], strict=True):
             append_rows(store, config, streamed_as, cell, streamed.names, nll.cpu(), BATCHED)
     for cell in (cell for cell in presses if cell not in together):
-        rule = nullcontext() if cell.budget is None else press_cell(cell.press)
+        rule = nullcontext() if cell.budget is None else press_cell(cell.label)
         try:
             with rule, streaming(unit, forwards, ids) as step:
                 nll = streamed_nll(model, ids, cell_press(cell, config), config.chunk, step).cpu()
@@ -239,13 +245,13 @@ def streaming(unit: Unit, forwards: int, ids: torch.Tensor) -> Iterator[Callable
 
 
 def missing(cell: Cell, names: list[str], store: ResultStore) -> bool:
-    return any((name, cell.press, budget_key(cell.budget)) not in store for name in names)
+    return any((name, cell.label, budget_key(cell.budget)) not in store for name in names)
 
 
 def identity(cell: Cell, config: PerplexityConfig) -> dict:
     """The fields that name a cell's rows."""
     return {
-        "press": cell.press,
+        "press": cell.label,
         "budget": budget_key(cell.budget),
         "budget_label": budget_label(cell.budget, config.length),
     }
@@ -255,7 +261,24 @@ def cell_press(cell: Cell, config: PerplexityConfig) -> BasePress | None:
     """The ``DecodingPress`` a cell streams under (None: the full cache)."""
     if cell.budget is None:
         return None
-    return decoding_press(base_press(resolve_press(cell.press), config.chunk)[0], int(cell.budget.value))
+    return budget_press(cell.press, config.chunk, int(cell.budget.value))
+
+
+def budget_press(press: ResolvedPress, chunk: int, budget: int) -> BasePress:
+    """The ``DecodingPress`` of ``press`` holding ``budget`` tokens, evicting every ``chunk`` tokens."""
+    return decoding_press(base_press(press, chunk)[0], budget)
+
+
+def streamed_presses(
+    model: PreTrainedModel, ids: torch.Tensor, specs: list[str], budget: int, chunk: int, batched: bool
+) -> torch.Tensor:
+    """Each press of ``specs`` at ``budget`` tokens streaming the texts ``ids`` (texts, length): its NLL of every
+    token after the first (presses, texts, length - 1), all in one batch (``batched_nll``, a run's default) or each
+    as a batch of its own (``--cells-one-at-a-time``). A public entry point: benchmarks/streaming.py times both."""
+    presses = [budget_press(resolve_press(spec), chunk, budget) for spec in specs]
+    if batched:
+        return torch.stack(batched_nll(model, ids, presses, chunk))
+    return torch.stack([streamed_nll(model, ids, press, chunk) for press in presses])
 
 
 def append_rows(
@@ -278,7 +301,7 @@ def append_rows(
             "score": mean,
             "nll_by_position": [float(w.mean()) for w in row_nll.split(POSITION_WINDOW)],
             "form": config.form,
-            "streamed_as": streamed_as.get(cell.press, ""),
+            "streamed_as": streamed_as.get(cell.label, ""),
             "path": path,
         }
         store.append(row)
@@ -296,3 +319,18 @@ def write_scorecard(protocol: Perplexity, config: PerplexityConfig, rows: list[d
         write_perplexity_card(
             protocol.benchmark, config.output, rows, config.presses, labels, config.form, POSITION_WINDOW
         )
+
+
+class PerplexityWork(Implementation[PerplexityConfig]):
+    def dry_run(self, protocol: Perplexity, config: PerplexityConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Perplexity, config: PerplexityConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Perplexity, config: PerplexityConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+PERPLEXITY_WORK = PerplexityWork()
+implement(Perplexity, PERPLEXITY_WORK)

@@ -5,10 +5,12 @@ Oslo is red."), over eight people, eight cities and eight colours, each used onc
 and asks for the colour of the flag of that person's city, so its answer chains two facts (the person's home, then
 that city's flag) and the other fourteen, of the same two forms, are distractors. The facts come in a shuffled
 order; where the two gold facts then stand is the placement's (``PLACEMENTS``): ``shuffled`` leaves them there,
-``middle`` moves them to the fixed middle positions ``MIDDLE``, in the order the shuffle gave them (home first or flag
-first), with the distractors in their shuffled order around them, so the same seed and index give the same facts,
-question, gold order and distractor order under either placement: only the gold facts' positions differ.
-Everything is drawn from ``random.Random(f"probe:{seed}:{index}")``: the same seed gives the same probes.
+``middle`` moves them to the fixed middle positions ``MIDDLE``, ``recency-5-8`` to two of the positions
+``RECENCY_5_8`` (recency ranks 5 to 8: the 5th to 8th newest of the sixteen), drawn per probe, each in the order the
+shuffle gave them (home first or flag first), with the distractors in their shuffled order around them, so the same
+seed and index give the same facts, question, gold order and distractor order under every placement: only the gold
+facts' positions differ. Everything is drawn from ``random.Random(f"probe:{seed}:{index}")``: the same seed gives the
+same probes (``recency-5-8`` draws its two positions last, so the other placements draw nothing for it).
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ EXAMPLE_QUESTION = "What colour is the flag of the city where Ann lives?"
 EXAMPLE_REASONING = "Ann lives in Rome. The flag of Rome is grey. So the answer is grey."
 EXAMPLE_ANSWER = "grey."
 MIDDLE = (6, 8)  # 0-based: the gold facts 7th and 9th of the 16, in their shuffled order, one distractor between
+RECENCY_5_8 = tuple(range(FACTS - 8, FACTS - 4))  # 0-based 8..11: recency ranks 8..5 (rank r: position FACTS - r)
 SHUFFLED = "shuffled"
-Placement = Callable[[list[str], tuple[str, str]], list[str]]  # the shuffled facts, the gold (home, flag) -> order
+# the shuffled facts, the gold (home, flag) and the probe's generator -> their order
+Placement = Callable[[list[str], tuple[str, str], random.Random], list[str]]
 
 
 @dataclass(frozen=True)
@@ -57,17 +61,31 @@ def gold_answer(probe: Probe, reasoning: bool) -> str:
     )
 
 
-def in_middle(facts: list[str], gold: tuple[str, str]) -> list[str]:
-    """The distractors in their order, with the gold facts inserted at ``MIDDLE`` in the order ``facts`` holds them."""
+def placed_at(facts: list[str], gold: tuple[str, str], positions: tuple[int, int]) -> list[str]:
+    """The distractors in their order, with the gold facts inserted at ``positions`` (ascending) in the order
+    ``facts`` holds them."""
     placed = [fact for fact in facts if fact not in gold]
-    for position, fact in zip(MIDDLE, sorted(gold, key=facts.index), strict=True):
+    for position, fact in zip(positions, sorted(gold, key=facts.index), strict=True):
         placed.insert(position, fact)
     return placed
 
 
+def in_recency_5_8(facts: list[str], gold: tuple[str, str], rng: random.Random) -> list[str]:
+    """The gold facts at two positions of ``RECENCY_5_8`` drawn from ``rng``."""
+    first, second = sorted(rng.sample(RECENCY_5_8, 2))
+    return placed_at(facts, gold, (first, second))
+
+
 PLACEMENTS: dict[str, Placement] = {
-    SHUFFLED: lambda facts, gold: facts,
-    "middle": in_middle,
+    SHUFFLED: lambda facts, gold, rng: facts,
+    "middle": lambda facts, gold, rng: placed_at(facts, gold, MIDDLE),
+    "recency-5-8": in_recency_5_8,
+}
+PLACEMENT_TEXTS = {  # each placement in words, as the scorecard and the dry run state it
+    SHUFFLED: "the gold facts where the shuffle puts them",
+    "middle": f"the gold facts at positions {MIDDLE[0] + 1} and {MIDDLE[1] + 1} of {FACTS}",
+    "recency-5-8": f"the gold facts at two of the positions {RECENCY_5_8[0] + 1} to {RECENCY_5_8[-1] + 1} of {FACTS} "
+    "(recency ranks 5 to 8), drawn per probe",
 }
 
 
@@ -89,7 +107,7 @@ def _probe(rng: random.Random, index: int, place: Placement) -> Probe:
     facts = homes + flags
     rng.shuffle(facts)
     asked = rng.randrange(PEOPLE)
-    facts = place(facts, (homes[asked], flags[asked]))
+    facts = place(facts, (homes[asked], flags[asked]), rng)
     gold = (facts.index(homes[asked]), facts.index(flags[asked]))
     question = f"What colour is the flag of the city where {people[asked]} lives?"
     return Probe(index, tuple(facts), question, colours[asked], cities[asked], gold)

@@ -15,23 +15,25 @@ Rows (``predictions.jsonl``, one per probe x scorer x k, resumable) score 1 when
 k of 16 (``probe.ranking``); a row's ``prediction`` is the scorer's order of the facts, ``model_answer`` the
 model's text. The scorecard splits them by whether the model answered correctly, then (``probe.positions``) by
 that and the older gold fact's recency rank. ``--gold-positions middle`` places the gold facts 7th and 9th of the
-16 (``facts.MIDDLE``), where recency cannot find them.
+16 (``facts.MIDDLE``), where recency cannot find them; ``recency-5-8`` at two of the 9th to 12th (``facts.RECENCY_5_8``:
+recency ranks 5 to 8, where, in the shuffled run, demonstrated utility rose on the correctly answered probes and
+recency did not), where recency's top 4 holds neither.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from typing_extensions import NotRequired
 
-from evaluation.protocols.options import MAX_NEW_TOKENS, whole
-from evaluation.protocols.probe.facts import FACTS, MIDDLE, PLACEMENTS, SHUFFLED
-from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING, SAMPLED, Protocol, Row, register
+from evaluation.protocols.options import MAX_GENERATED, MAX_NEW_TOKENS, whole
+from evaluation.protocols.probe.facts import FACTS, PLACEMENT_TEXTS, PLACEMENTS, SHUFFLED
+from evaluation.protocols.protocol import MODEL_DEFINING, Protocol, Row, register
 from evaluation.reporting.conditions import Benchmark
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import ModelSettings
+from evaluation.settings import SAMPLE, SCORES, setting
 
 RECENCY = "recency"
 PROTOCOL = "probe"
@@ -41,15 +43,36 @@ OVERALL, CORRECT, INCORRECT = "overall", "answered correctly", "answered incorre
 BLOCK = 20  # probes per unit of work
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ProbeConfig:
     model: ModelSettings = field(metadata=MODEL_DEFINING)
-    seed: int = field(metadata=SAMPLED)
-    probes: int
-    reasoning: bool = field(metadata=DEFINING)
+    seed: int = setting("--seed", defines=SAMPLE, type=int, default=0, help="the generator's seed (default 0)")
+    probes: int = setting("--probes", type=whole(1, MAX_GENERATED), default=400, help="probes (default 400)")
+    reasoning: bool = setting(
+        "--no-reasoning",
+        defines=SCORES,
+        read=lambda args: not args.no_reasoning,
+        written=lambda recorded: {"no_reasoning": not recorded},
+        action="store_true",
+        help="answer with the colour alone (default: state the chain first)",
+    )
     output: Path
-    max_new_tokens: int = field(default=40, metadata=DEFINING)
-    gold_positions: str = field(default=SHUFFLED, metadata=DEFINING)  # where the gold facts stand (``PLACEMENTS``)
+    max_new_tokens: int = setting(
+        "--max-new-tokens",
+        defines=SCORES,
+        type=whole(1, MAX_NEW_TOKENS),
+        default=40,
+        help="answer length limit (default 40)",
+    )
+    gold_positions: str = setting(  # where the gold facts stand (``PLACEMENTS``)
+        "--gold-positions",
+        defines=SCORES,
+        choices=list(PLACEMENTS),
+        default=SHUFFLED,
+        help="where the two gold facts stand, the distractors around them in their shuffled order: "
+        + "; ".join(f"{name}: {PLACEMENT_TEXTS[name]}" for name in PLACEMENTS)
+        + f" (default {SHUFFLED})",
+    )
 
 
 def top_label(k: int) -> str:
@@ -108,36 +131,11 @@ class Probes(Protocol[ProbeConfig]):
         "4, for correctly and incorrectly answered probes."
     )
     benchmark = BENCHMARK
-    implementation = "evaluation.protocols.probe.work"
     likelihood = PROBE_LIKELIHOOD
-
-    def add_options(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
-        parser.add_argument("--probes", type=whole(1), default=400, help="probes (default 400)")
-        parser.add_argument(
-            "--no-reasoning", action="store_true", help="answer with the colour alone (default: state the chain first)"
-        )
-        parser.add_argument(
-            "--max-new-tokens", type=whole(1, MAX_NEW_TOKENS), default=40, help="answer length limit (default 40)"
-        )
-        parser.add_argument(
-            "--gold-positions",
-            choices=list(PLACEMENTS),
-            default=SHUFFLED,
-            help=f"where the two gold facts stand: where the shuffle puts them (default), or the middle: the home "
-            f"fact {MIDDLE[0] + 1}th and the flag fact {MIDDLE[1] + 1}th of {FACTS}, the distractors around them",
-        )
-
-    def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> ProbeConfig:
-        reasoning = not args.no_reasoning
-        return ProbeConfig(model, args.seed, args.probes, reasoning, output, args.max_new_tokens, args.gold_positions)
 
     def record_defaults(self) -> dict:
         """A run recorded before ``--gold-positions`` existed placed its gold facts where the shuffle put them."""
         return {**super().record_defaults(), "gold_positions": SHUFFLED}
-
-    def options_of(self, settings: dict) -> dict:
-        return {**settings, "no_reasoning": not settings.get("reasoning", True)}
 
     def steps(self, config: ProbeConfig, unit: Unit) -> list[frozenset]:
         """One group per probe: a probe's rows come from its own prefill and answer alone."""

@@ -12,7 +12,8 @@ from evaluation.engine.decoding import answer_ids_of, decode, eos_ids, force
 from evaluation.engine.history import History
 from evaluation.engine.hooks import cache_of
 from evaluation.errors import EvaluationError, PressCannotRun, first_line, press_cell
-from evaluation.protocols.probe.facts import FACTS, MIDDLE, PLACEMENTS, SHUFFLED, Probe, gold_answer, probes
+from evaluation.metrics.synthetic import string_match
+from evaluation.protocols.probe.facts import FACTS, PLACEMENT_TEXTS, PLACEMENTS, Probe, gold_answer, probes
 from evaluation.protocols.probe.positions import position_section
 from evaluation.protocols.probe.prompt import final_answer, prompt_ids
 from evaluation.protocols.probe.protocol import (
@@ -30,13 +31,12 @@ from evaluation.protocols.probe.protocol import (
     top_label,
 )
 from evaluation.protocols.probe.ranking import KS, both_in_top, fact_scores, gold_ranks, recency_scores
-from evaluation.protocols.protocol import REFERENCE, Plan, lacks
-from evaluation.protocols.synthetic.task import string_match
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement, lacks
 from evaluation.reporting.scorecard import scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
 from evaluation.runs.store import ResultStore
-from presses import RMMPress, TOVAPress
+from presses.harness import RMMPress, TOVAPress
 
 
 def answer(model: PreTrainedModel, history, stop_ids: set[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
@@ -180,17 +180,12 @@ def probes_of(config: ProbeConfig) -> list[Probe]:
     return probes(config.seed, config.probes, config.gold_positions)
 
 
-def placement_text(config: ProbeConfig) -> str:
-    if config.gold_positions == SHUFFLED:
-        return "the gold facts where the shuffle puts them"
-    return f"the gold facts at positions {' and '.join(str(p + 1) for p in MIDDLE)} of {FACTS}"
-
-
 def dry_run(protocol: Probes, config: ProbeConfig) -> str:
     generated = probes_of(config)
+    placement = PLACEMENT_TEXTS[config.gold_positions]
     return "\n".join(
         [
-            f"Probe: {len(generated)} probes (seed {config.seed}, {FACTS} facts each, {placement_text(config)}, "
+            f"Probe: {len(generated)} probes (seed {config.seed}, {FACTS} facts each, {placement}, "
             f"reasoning {'on' if config.reasoning else 'off'}), model {config.model.name}",
             f"scorers: {', '.join(SCORERS)}; both gold facts in the top {' / '.join(map(str, KS))} of {FACTS}",
             f"prefills: {len(generated)} (one per probe, serving every scorer); decodes: {len(generated)} answers "
@@ -208,9 +203,10 @@ def plan(protocol: Probes, config: ProbeConfig) -> Plan:
 
 def write_scorecard(protocol: Probes, config: ProbeConfig, rows: list[dict]) -> None:
     summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
+    placement = PLACEMENT_TEXTS[config.gold_positions]
     note = (
         f"Share of probes (%) whose two gold facts both rank in a scorer's top k of {FACTS} "
-        f"({placement_text(config)}); each cell: mean [95% bootstrap interval over probes] (n probes), split by "
+        f"({placement}); each cell: mean [95% bootstrap interval over probes] (n probes), split by "
         "whether the model answered correctly (the right colour, and with reasoning the bridge city named). "
         "Scorers rank by their own press's score averaged over each fact's tokens, layers and KV heads; ties count "
         "against the scorer. Demonstrated utility weighs only the rows of the model's own answer, each by 1 (a "
@@ -221,3 +217,18 @@ def write_scorecard(protocol: Probes, config: ProbeConfig, rows: list[dict]) -> 
     output = config.output
     appendix = position_section(rows, list(SCORERS), labels)
     write_card(output, summary, f"Probe: {output.name}", note, REFERENCE, list(SCORERS), labels, appendix)
+
+
+class ProbeWork(Implementation[ProbeConfig]):
+    def dry_run(self, protocol: Probes, config: ProbeConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Probes, config: ProbeConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Probes, config: ProbeConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+
+PROBE_WORK = ProbeWork()
+implement(Probes, PROBE_WORK)

@@ -101,7 +101,7 @@ def write_ruler_scorecard(benchmark: Benchmark, config: RulerConfig, rows: list[
     output = config.output
     plot_leaderboard(output / LEADERBOARD, summary, ratios_of(rows), lengths)
     appendix = ["", "## Score against compression ratio", "", f"![leaderboard]({LEADERBOARD})"]
-    appendix += overlap_section(output, rows, REFERENCE)
+    appendix += overlap_section(output, rows, REFERENCE, benchmark)
     presses, labels = config.presses, [budget.label for budget in config.budgets]
     write_card(output, summary, f"RULER: {output.name}", note, REFERENCE, presses, labels, appendix, tables=tables)
 
@@ -160,6 +160,6 @@ def write_needle_scorecard(benchmark: Benchmark, config: NeedleConfig, rows: lis
     if not config.likelihood_only:
         plot_heatmaps(output / HEATMAPS, rows, benchmark.scale)
         appendix = ["", "## Score over depth and length", "", f"![heatmaps]({HEATMAPS})"]
-    appendix += overlap_section(output, rows, REFERENCE)
+    appendix += overlap_section(output, rows, REFERENCE, benchmark)
     presses, labels = config.presses, [budget.label for budget in config.budgets]
     write_card(output, summary, f"Needle in a haystack: {output.name}", note, REFERENCE, presses, labels, appendix)

@@ -4,20 +4,18 @@ length, every press at every budget on one shared prefill, one JSON line per cel
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from typing_extensions import NotRequired
 
-from evaluation.protocols.options import MAX_TOKENS, whole
-from evaluation.protocols.protocol import SAMPLED, register
+from evaluation.protocols.options import MAX_GENERATED, MAX_TOKENS, whole
+from evaluation.protocols.protocol import register
 from evaluation.protocols.ruler.tasks import CATEGORIES, TASK_NAMES
 from evaluation.protocols.single_turn.config import SingleTurnConfig
-from evaluation.protocols.single_turn.protocol import SingleTurnProtocol, add_budget_options, budget_settings
+from evaluation.protocols.single_turn.protocol import SingleTurnProtocol
 from evaluation.protocols.single_turn.row import CellRow
 from evaluation.reporting.conditions import Benchmark
-from evaluation.runs.models import ModelSettings
+from evaluation.settings import SAMPLE, setting
 
 CATEGORY = {task: category for category, tasks in CATEGORIES.items() for task in tasks}
 DEFAULT_LENGTHS = [1024, 2048, 4096]
@@ -33,21 +31,47 @@ class GeneratedRow(CellRow):
     depth: NotRequired[float | None]
 
 
-@dataclass
-class RulerConfig(SingleTurnConfig):
-    tasks: list[str] = field(default_factory=lambda: list(TASK_NAMES))
-    lengths: list[int] = field(default_factory=lambda: list(DEFAULT_LENGTHS), metadata=SAMPLED)
-    n: int = field(default=4, metadata=SAMPLED)
-    seed: int = field(default=0, metadata=SAMPLED)
-    export: str | None = None
+@dataclass(kw_only=True)
+class GeneratedConfig(SingleTurnConfig):
+    """The settings every generated single-turn protocol shares: lengths, seed, export, then the budget options."""
+
+    lengths: list[int] = setting(
+        "--lengths",
+        defines=SAMPLE,
+        nargs="+",
+        type=whole(128, MAX_TOKENS),
+        default=DEFAULT_LENGTHS,
+        help="prompt lengths, tokens",
+    )
+    seed: int = setting("--seed", defines=SAMPLE, type=whole(0), default=0, help="generation seed (default 0)")
+    export: str | None = setting(  # a reproduced run writes no export
+        "--export",
+        written=lambda recorded: {"export": None},
+        default=None,
+        help="also write the generated examples to FILE.parquet in KVPress's dataset columns",
+    )
 
 
-@dataclass
-class NeedleConfig(SingleTurnConfig):
-    lengths: list[int] = field(default_factory=lambda: list(DEFAULT_LENGTHS), metadata=SAMPLED)
-    depths: list[int] = field(default_factory=lambda: list(DEFAULT_DEPTHS), metadata=SAMPLED)
-    seed: int = field(default=0, metadata=SAMPLED)
-    export: str | None = None
+@dataclass(kw_only=True)
+class RulerConfig(GeneratedConfig):
+    tasks: list[str] = setting(
+        "--tasks", nargs="+", choices=TASK_NAMES, default=list(TASK_NAMES), help="RULER tasks (default all)"
+    )
+    n: int = setting(
+        "--n", defines=SAMPLE, type=whole(1, MAX_GENERATED), default=4, help="examples per task and length (default 4)"
+    )
+
+
+@dataclass(kw_only=True)
+class NeedleConfig(GeneratedConfig):
+    depths: list[int] = setting(
+        "--depths",
+        defines=SAMPLE,
+        nargs="+",
+        type=whole(0),
+        default=DEFAULT_DEPTHS,
+        help="needle depths, percent of the context",
+    )
 
 
 def ruler_conditions(row: GeneratedRow) -> list[str]:
@@ -62,22 +86,6 @@ def needle_conditions(row: GeneratedRow) -> list[str]:
     return [f"{row['length']} tokens", AVERAGE]
 
 
-def add_grid_options(parser: argparse.ArgumentParser) -> None:
-    """The options every generated single-turn protocol shares: lengths, seed, export, then the budget options."""
-    parser.add_argument(
-        "--lengths", nargs="+", type=whole(128, MAX_TOKENS), default=DEFAULT_LENGTHS, help="prompt lengths, tokens"
-    )
-    parser.add_argument("--seed", type=whole(0), default=0, help="generation seed (default 0)")
-    parser.add_argument(
-        "--export", help="also write the generated examples to FILE.parquet in KVPress's dataset columns"
-    )
-    add_budget_options(parser)
-
-
-def grid_settings(args: argparse.Namespace, model: ModelSettings, output: Path) -> dict:
-    return {**budget_settings(args, model, output), "lengths": args.lengths, "seed": args.seed, "export": args.export}
-
-
 class Ruler(SingleTurnProtocol[RulerConfig]):
     name = "ruler"
     help = "RULER's 13 synthetic tasks, generated offline, every press at every budget"
@@ -89,20 +97,6 @@ class Ruler(SingleTurnProtocol[RulerConfig]):
         "compression ratio), and run.json."
     )
     benchmark = Benchmark("RULER", ruler_conditions, lambda row: (row["task"], row["id"]), 100, 1, unit="points")
-    implementation = "evaluation.protocols.ruler.work"
-
-    def add_options(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--tasks", nargs="+", choices=TASK_NAMES, default=list(TASK_NAMES), help="RULER tasks (default all)"
-        )
-        parser.add_argument("--n", type=whole(1), default=4, help="examples per task and length (default 4)")
-        add_grid_options(parser)
-
-    def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> RulerConfig:
-        return RulerConfig(**grid_settings(args, model, output), tasks=args.tasks, n=args.n)
-
-    def options_of(self, settings: dict) -> dict:
-        return {**super().options_of(settings), "export": None}  # a reproduced run writes no export
 
 
 class Needle(SingleTurnProtocol[NeedleConfig]):
@@ -117,19 +111,6 @@ class Needle(SingleTurnProtocol[NeedleConfig]):
     benchmark = Benchmark(
         "Needle in a haystack", needle_conditions, lambda row: (row["task"], row["id"]), 100, 1, unit="points"
     )
-    implementation = "evaluation.protocols.ruler.needle_work"
-
-    def add_options(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--depths", nargs="+", type=whole(0), default=DEFAULT_DEPTHS, help="needle depths, percent of the context"
-        )
-        add_grid_options(parser)
-
-    def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> NeedleConfig:
-        return NeedleConfig(**grid_settings(args, model, output), depths=args.depths)
-
-    def options_of(self, settings: dict) -> dict:
-        return {**super().options_of(settings), "export": None}  # a reproduced run writes no export
 
 
 RULER = register(Ruler())

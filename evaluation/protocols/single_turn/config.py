@@ -1,5 +1,5 @@
 """The settings every single-turn protocol of KVPress-format examples shares (RULER, needle-in-a-haystack,
-KVPress's datasets)."""
+KVPress's datasets), each declared with its option: budgets, query, likelihood, path."""
 
 from __future__ import annotations
 
@@ -7,22 +7,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluation.catalogue.budgets import Budget
-from evaluation.protocols.protocol import DEFINING, MODEL_DEFINING
+from evaluation.protocols.options import PATHS, ratio_or_token_budgets
+from evaluation.protocols.protocol import MODEL_DEFINING
 from evaluation.runs.models import ModelSettings
-
-PATHS = ("shared", "per-cell")
-DEFAULT_RATIOS = [0.5, 0.75]
+from evaluation.settings import SCORES, setting
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SingleTurnConfig:
     model: ModelSettings = field(metadata=MODEL_DEFINING)
     presses: list[str]
-    budgets: list[Budget]
+    budgets: list[Budget] = ratio_or_token_budgets()
     output: Path
-    query_aware: bool = field(default=False, metadata=DEFINING)
-    likelihood_only: bool = field(default=False, metadata=DEFINING)  # the answer's likelihood alone, no generation
-    path: str = "shared"
+    query_aware: bool = setting(
+        "--query-aware", defines=SCORES, action="store_true", help="compress the question with the context"
+    )
+    likelihood_only: bool = setting(  # the answer's likelihood alone, no generation
+        "--likelihood-only",
+        defines=SCORES,
+        action="store_true",
+        help="score only the gold answer's likelihood under each cache, no generation (a run of its own)",
+    )
+    path: str = setting(
+        "--path",
+        choices=list(PATHS),
+        default="shared",
+        help="shared (default): one full-cache prefill per example serves every press it can; per-cell: KVPress's "
+        "prefill under the press once per cell",
+    )
     allow_import: bool = False  # import the press specs' import paths (--allow-import)
 
     def generation_cap(self, official: int) -> int:

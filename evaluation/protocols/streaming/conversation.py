@@ -1,31 +1,23 @@
 """One conversation streamed through every cell: before every question, re-compress the whole growing history to
 each budget with each press's own code, answer from the compressed copy, then append the turn to the history.
 
-A press the history serves (``evaluation.catalogue.needs``: its hook reads what the history stores) gets its cache
-from the history; any other press (one that runs forward passes of its own) re-prefills the whole history under
-itself before each question. Every row records its ``path``, and run.json how each press was served.
+The engine's cell server (``evaluation.engine.serving.serve_history``) answers each question's cells: a press the
+history serves (``evaluation.catalogue.needs``: its hook reads what the history stores) gets its cache from the
+history; any other press (one that runs forward passes of its own) re-prefills the whole history under itself before
+each question. Every row records its ``path``, and run.json how each press was served.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evaluation.catalogue.budgets import (
-    Cell,
-    budget_key,
-    budget_label,
-    ratio_for,
-)
-from evaluation.catalogue.registry import SHARED, question_position
-from evaluation.catalogue.resolved import resolve_press, resolve_presses
-from evaluation.engine.decoding import answer_ids_of, decode_batch_forced, eos_ids, generate
+from evaluation.catalogue.budgets import Cell, budget_label
+from evaluation.engine.decoding import answer_ids_of, eos_ids
 from evaluation.engine.history import History
-from evaluation.engine.overlap import UNKNOWN, overlaps
-from evaluation.engine.retention import answer_spans, held_positions, retention
-from evaluation.errors import EvaluationError, PressCannotRun, press_cell
+from evaluation.engine.retention import answer_spans
+from evaluation.engine.serving import Asked, Served, Server, serve_history
+from evaluation.errors import EvaluationError
 from evaluation.protocols.protocol import LIKELIHOOD, REFERENCE, lacks
 from evaluation.protocols.streaming.config import TEACHER_FORCED_KINDS, StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question
@@ -44,12 +36,10 @@ from evaluation.protocols.streaming.task import StreamTask
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length
 from evaluation.runs.store import ResultStore
-from presses.attention import attention_implementation
 
 
 def cell_key(conversation: Conversation, question: Question, cell: Cell) -> tuple[str, int, str, str]:
-    press, budget = cell
-    return conversation.sample_id, question.index, press, budget_key(budget)
+    return conversation.sample_id, question.index, cell.label, cell.budget_key
 
 
 class ConversationRun:
@@ -67,9 +57,10 @@ class ConversationRun:
         self.stop = eos_ids(model)
         self.context = context_length(tokenizer, model.config)
         self.kinds = TEACHER_FORCED_KINDS[config.rmm_weights]
+        self.server = Server(model, model.config._attn_implementation, REFERENCE)
 
     def history(self, cells: list[Cell]) -> History:
-        return History(self.model, self.kinds, [resolve_press(name).needs for name, _ in cells])
+        return History(self.model, self.kinds, [cell.press.needs for cell in cells])
 
     def run(self, conversation: Conversation, store: ResultStore) -> None:
         self.conversation, self.store = conversation, store
@@ -224,130 +215,66 @@ class ConversationRun:
         visible: bool,
         likelihood_only: bool = False,
     ) -> list[QuestionRow]:
-        """The rows of ``cells`` for one question. A press the history serves gets its cache from the history (its
-        own hook on the stored inputs), all of them decoded in one batch; any other press re-prefills the history
-        under itself (``generate``), the model's attention implementation restored afterwards. A press's error is
-        its cell's failure (``press_cell``), stored with the others' rows once the batch (the full-cache cell's
-        among them) has run. ``likelihood_only`` (or ``--likelihood-only``): nothing generated."""
+        """The rows of ``cells`` for one question, served from ``history`` (``serve_history``); a failed cell's row
+        holds its reason. ``likelihood_only`` (or ``--likelihood-only``): nothing generated."""
         likelihood_only = likelihood_only or self.config.likelihood_only
-        ratios = [ratio_for(budget, history.length) for _, budget in cells]
-        resolved = [resolve_press(name) for name, _ in cells]
-        rules = [nullcontext if budget is None else press_cell for _, budget in cells]
-        presses: list = [None] * len(cells)
-        caches, refused, starts = {}, {}, {}
-        for i, (press, ratio) in enumerate(zip(resolved, ratios, strict=True)):
-            try:
-                with rules[i](cells[i][0]):
-                    built = press.build(ratio, history.length)
-                if history.can_serve(built):
-                    with rules[i](built):
-                        caches[i] = history.compress(built)
-                    starts[i] = question_position(built, history.length, caches[i].cache.get_seq_length())
-                else:
-                    presses[i] = built  # it runs its own forward passes below
-            except PressCannotRun as error:
-                refused[i] = error
-        kept_sets = [held_positions(history.cache, cache) for cache in caches.values()]
-        named = [(cells[i][0], budget_key(cells[i][1])) for i in caches]
-        agreement = dict(zip(caches, overlaps(named, kept_sets, REFERENCE), strict=True))
-        del kept_sets
-        held = {}
-        if self.task.retention:
-            spans = answer_spans(
-                history.token_ids, self.tokenizer.encode(str(question.answer), add_special_tokens=False)
-            )
-            held = {i: retention(history.cache, cache, spans) for i, cache in caches.items()}
-        asked = torch.tensor([question_ids])
-        answer = self.answer_ids(question)
-        cap = 0 if likelihood_only else self.config.max_new_tokens
-        if likelihood_only and not answer:
-            error = PressCannotRun(f"question {question.index} has no gold answer: no likelihood to score")
-            refused |= dict.fromkeys(range(len(cells)), error)
-            caches, starts = {}, {}
-        generated, forced = decode_batch_forced(
-            self.model,
-            list(caches.values()),
-            asked,
-            list(starts.values()),
-            cap,
+        asked = Asked(
+            torch.tensor([question_ids]),
+            self.answer_ids(question),
+            0 if likelihood_only else self.config.max_new_tokens,
             self.stop,
-            answer,
-            consume=True,
+            f"question {question.index}",
+            likelihood_only,
+            spans=self.spans(history, question) if self.task.retention else None,
         )
-        tokens = dict(zip(caches, generated, strict=True))
-        nlls = dict(zip(caches, forced, strict=True))
-        kept = {i: cache.kept_tokens for i, cache in caches.items()}
-        paths = {i: SHARED if i in caches else press.needs.path for i, press in enumerate(resolved)}
-        context = torch.tensor([history.token_ids], device=self.model.device)
-        for i in (i for i in range(len(cells)) if i not in caches and i not in refused):
-            implementation = "eager" if resolved[i].reads_weights else self.model.config._attn_implementation
-            try:
-                with rules[i](presses[i]), attention_implementation(self.model, implementation):
-                    generation = generate(self.model, context, asked, presses[i], cap, self.stop, answer)
-                tokens[i], kept[i], nlls[i] = generation.token_ids, generation.kept_tokens, generation.answer_nll
-            except PressCannotRun as error:
-                refused[i] = error
-        rows = [
-            self.failed_row(question, cell, turn, visible, history.length, refused[i])
-            if i in refused
-            else self.row(question, cell, ratios[i], history.length, kept[i], tokens[i], turn, visible, paths[i])
-            for i, cell in enumerate(cells)
+        return [
+            self.row(question, served, turn, visible, history.length, likelihood_only)
+            for served in serve_history(self.server, history, cells, asked)
         ]
-        for i, row in enumerate(rows):
-            if i not in refused:
-                row.update(agreement.get(i, UNKNOWN))
-        if self.task.retention:  # unknown (None) for a press on its own prefill
-            for i, row in enumerate(rows):
-                row["retention"] = held.get(i)
-        for i, row in enumerate(rows):
-            if i not in refused:
-                row["answer_nll"], row["answer_tokens"] = nlls[i], len(answer)
-                if likelihood_only:  # no prediction: the row's score is its answer's likelihood
-                    del row["prediction"], row["scored_prediction"]
-                    row["score"] = nlls[i]
-        return rows
 
     def answer_ids(self, question: Question) -> list[int]:
         """The gold answer's tokens, as its likelihood forces them: the answer the task scores against
         (``gold_answer``), its text alone without special tokens, cut to the answer limit (``--max-new-tokens``)."""
         return answer_ids_of(self.tokenizer, self.task.gold_answer(question), self.config.max_new_tokens)
 
+    def spans(self, history: History, question: Question) -> list[list[int]]:
+        """Where the history holds copies of the question's answer, whose retention a task may measure."""
+        return answer_spans(history.token_ids, self.tokenizer.encode(str(question.answer), add_special_tokens=False))
+
     def failed_row(
-        self, question: Question, cell: Cell, turn: int, visible: bool, history_tokens: int, error: PressCannotRun
+        self, question: Question, served: Served, turn: int, visible: bool, history_tokens: int
     ) -> QuestionRow:
         """A cell whose press refused this history: stored with the reason, counted in the scorecard as failed."""
-        press_name, budget = cell
         return {
             "conversation": self.conversation.sample_id,
             "question_index": question.index,
             "turn": turn,
             "category": question.category,
-            "press": press_name,
-            "budget": budget_key(budget),
-            "budget_label": budget_label(budget, history_tokens),
+            "press": served.cell.label,
+            "budget": served.cell.budget_key,
+            "budget_label": budget_label(served.cell.budget, history_tokens),
             "history_tokens": history_tokens,
             "evidence_visible": visible,
             "placement": self.config.placement,
-            "error": str(error).splitlines()[0],
+            "error": served.error,
             "score": None,
             **self.task.row_fields(self.conversation, question, self.tokenizer),
+            **served.measures,
         }
 
     def row(
-        self,
-        question: Question,
-        cell: Cell,
-        ratio: float,
-        history_tokens: int,
-        kept_tokens: int,
-        generated: list[int],
-        turn: int,
-        visible: bool,
-        path: str,
+        self, question: Question, served: Served, turn: int, visible: bool, history_tokens: int, likelihood_only: bool
     ) -> QuestionRow:
-        press_name, budget = cell
-        prediction = self.tokenizer.decode(generated, skip_special_tokens=True).strip()
-        scored, score = self.task.scored(self.conversation, question, prediction)
+        """A cell's row: what it measured (``served.measures``) and its answer's likelihood; a likelihood-only row
+        holds no prediction, and its score is its ``answer_nll``."""
+        if served.error:
+            return self.failed_row(question, served, turn, visible, history_tokens)
+        if likelihood_only:
+            answered = {"score": served.answer_nll}
+        else:
+            prediction = self.tokenizer.decode(served.token_ids, skip_special_tokens=True).strip()
+            scored, score = self.task.scored(self.conversation, question, prediction)
+            answered = {"prediction": prediction, "scored_prediction": scored, "score": score}
         return {
             "conversation": self.conversation.sample_id,
             "question_index": question.index,
@@ -355,21 +282,22 @@ class ConversationRun:
             "category": question.category,
             "question": question.question,
             "answer": question.answer,
-            "press": press_name,
-            "budget": budget_key(budget),
-            "budget_label": budget_label(budget, history_tokens),
-            "compression_ratio": ratio,
+            "press": served.cell.label,
+            "budget": served.cell.budget_key,
+            "budget_label": budget_label(served.cell.budget, history_tokens),
+            "compression_ratio": served.ratio,
             "history_tokens": history_tokens,
-            "kept_tokens": kept_tokens,
+            "kept_tokens": served.kept_tokens,
             "evidence_visible": visible,
             "placement": self.config.placement,
             "history_mode": self.config.history,
             "rmm_weights": self.config.rmm_weights,
-            "path": path,
-            "prediction": prediction,
-            "scored_prediction": scored,
-            "score": score,
+            "path": served.path,
+            **answered,
             **self.task.row_fields(self.conversation, question, self.tokenizer),
+            **served.measures,
+            "answer_nll": served.answer_nll,
+            "answer_tokens": served.answer_tokens,
         }
 
 
@@ -382,7 +310,6 @@ def run_conversation(
     cells: list[Cell],
 ) -> None:
     """One unit: one conversation streamed through every cell, its finished answers read back from ``store``."""
-    resolve_presses(config.presses, config.allow_import)  # once per process: a Ray worker's own resolution
     model, tokenizer = loaded
     conversation: Conversation = unit.payload
     ConversationRun(config, task, model, tokenizer, cells).run(conversation, store)

@@ -7,7 +7,6 @@ and its own typed settings.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING
 from evaluation.protocols.streaming.config import StreamConfig, StreamSettings
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session
 from evaluation.reporting.conditions import Benchmark
+from evaluation.reporting.rescoring import Rescoring
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class StreamTask:
     """A streamed dataset: its conversations, their text, the questions' prompts and gold answers, the scoring
-    rule, the scorecard's conditions, and its command line (``add_options`` adds its own options; ``settings``
-    turns them into the task's own settings, ``StreamConfig.settings``; ``presses``, ``budgets`` and
-    ``max_new_tokens`` are its defaults)."""
+    rule, the scorecard's conditions, and its command line: ``settings``, the class of its own settings
+    (``StreamConfig.settings``), each declared with its option (``evaluation.settings``); ``presses``, ``budgets``
+    and ``max_new_tokens`` are its defaults of the options every streamed task shares."""
 
     name: str
     help: str
@@ -38,8 +38,7 @@ class StreamTask:
     scored: Callable[[Conversation, Question, str], tuple[str, float]]  # (the prediction as scored, its score)
     benchmark: Benchmark
     metric: str  # the scorecard note's opening words
-    add_options: Callable[[argparse.ArgumentParser], None]
-    settings: Callable[[argparse.Namespace], StreamSettings]
+    settings: type[StreamSettings]
     presses: tuple[str, ...]
     budgets: tuple[int, ...]
     max_new_tokens: int
@@ -53,8 +52,7 @@ class StreamTask:
     told: Callable[[Question], bool] = field(default=lambda question: False)
     # whether each row records the share of (layer, KV head) slots whose cache still holds a copy of the answer
     retention: bool = False
-    # the option values of a recorded ``episodes`` setting (a generator's): the inverse of ``settings`` for them
-    options_of: Callable[[dict], dict] = field(default=lambda episodes: dict(episodes))
+    rescoring: Rescoring | None = None  # how ``python -m evaluation score`` rescores its predictions; None: it does not
 
     def text(self, conversation: Conversation, sessions: list[Session]) -> str:
         return self.header(conversation) + "".join(self.render_session(session) for session in sessions)

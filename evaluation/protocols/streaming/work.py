@@ -9,10 +9,10 @@ import pandas as pd
 from transformers import AutoConfig, AutoTokenizer
 
 from evaluation.catalogue.budgets import OVER_THE_CONTEXT, Cell, budget_label, press_cells
-from evaluation.catalogue.resolved import fetch_notes, resolve_press, resolve_presses
+from evaluation.catalogue.resolved import ResolvedPress, fetch_notes, resolve_presses
 from evaluation.engine.retention import RETAINED
 from evaluation.errors import EvaluationError
-from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement
 from evaluation.protocols.streaming import conversation as streamed
 from evaluation.protocols.streaming.config import PLACEMENTS, StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question
@@ -32,7 +32,7 @@ from evaluation.runs.models import context_length, local_model, what_loading_fet
 
 
 def grid_lines(cells: list[Cell]) -> list[str]:
-    return [f"  {press} @ {budget_label(budget)} ({resolve_press(press).describe()})" for press, budget in cells]
+    return [f"  {cell.label} @ {budget_label(cell.budget)} ({cell.press.describe()})" for cell in cells]
 
 
 def visibility(rows: list[dict]) -> str:
@@ -56,6 +56,12 @@ def evictions(rows: list[dict]) -> str:
 
 def checked_cells(config: StreamConfig, dry_run: bool = False) -> list[Cell]:
     """The settings checked, before any data: the stream's cells (a dry run imports no press)."""
+    presses = checked_presses(config, dry_run)
+    return press_cells(presses, config.budgets, "--budgets")
+
+
+def checked_presses(config: StreamConfig, dry_run: bool = False) -> list[ResolvedPress]:
+    """The settings checked, before any data: the run's presses, one per spec (a dry run imports none)."""
     presses = resolve_presses(config.presses, config.allow_import, dry_run, config.model.name)
     if config.placement not in PLACEMENTS:
         raise EvaluationError(f"unknown placement {config.placement!r}; choose one of {', '.join(PLACEMENTS)}")
@@ -63,7 +69,7 @@ def checked_cells(config: StreamConfig, dry_run: bool = False) -> list[Cell]:
         raise EvaluationError("--placement evidence streams one history with the gold answers: use --history gold")
     if config.likelihood_only and config.history != "gold":
         raise EvaluationError("--likelihood-only generates no answers for the history: use --history gold")
-    return press_cells(presses, config.budgets, "--budgets")
+    return presses
 
 
 def streamed_conversations(protocol: Streamed, config: StreamConfig) -> tuple[dict[str, str], list[Conversation]]:
@@ -103,7 +109,7 @@ def dry_run(protocol: Streamed, config: StreamConfig) -> str:
         ]
     else:
         lines = plan_lines(protocol, config, cells)
-    fetched += fetch_notes([press for press, _ in cells], config.model.name)
+    fetched += fetch_notes([cell.press for cell in cells], config.model.name)
     return "\n".join(lines + [f"a real run first fetches: {item}" for item in fetched if item])
 
 
@@ -151,12 +157,13 @@ def file_visibility(protocol: Streamed, config: StreamConfig, conversations: lis
 
 
 def plan(protocol: Streamed, config: StreamConfig) -> Plan:
-    cells = checked_cells(config)
+    presses = checked_presses(config)
+    cells = press_cells(presses, config.budgets, "--budgets")
     data_fingerprint, conversations = streamed_conversations(protocol, config)
     settings = {
         "budgets": [b.key for b in config.budgets],
         "data_fingerprint": data_fingerprint,
-        "paths": {spec: resolve_press(spec).describe() for spec in config.presses},
+        "paths": {spec: press.describe() for spec, press in zip(config.presses, presses, strict=True)},
     }
     units = [
         Unit(
@@ -216,5 +223,23 @@ def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) 
     summary = summarize(frame, REFERENCE)
     title = f"{task.benchmark.name} streaming: {output.name}"
     contrasts = contrast_table(benchmark, rows)
-    appendix = overlap_section(output, rows, REFERENCE)
+    appendix = overlap_section(output, rows, REFERENCE, task.benchmark)
     write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix, contrasts)
+
+
+class StreamWork(Implementation[StreamConfig]):
+    def dry_run(self, protocol: Streamed, config: StreamConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Streamed, config: StreamConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Streamed, config: StreamConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+    def steps(self, protocol: Streamed, config: StreamConfig, unit: Unit) -> list[frozenset]:
+        return steps(protocol, config, unit)
+
+
+STREAM_WORK = StreamWork()
+implement(Streamed, STREAM_WORK)

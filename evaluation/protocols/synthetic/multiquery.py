@@ -24,6 +24,7 @@ CHAINS = 3
 NEEDLES = 4
 RECORD_EVERY = 12  # filler sentences per pass-code record
 FILLER_CHARS = 45  # a filler sentence's typical length
+Special = tuple[str, str, tuple[str, ...]]  # a special sentence: its kind, its text, what it states
 
 
 def length_label(length: int) -> str:
@@ -53,67 +54,22 @@ def _filler(rng: random.Random) -> str:
 
 
 def _episode(rng: random.Random, sample_id: str, length: int) -> Conversation:
+    """One document of about ``length`` tokens: its records, chains and needles among filler sentences, each at a
+    seeded depth, and its questions in a seeded order, each with the turns stating its answer as evidence."""
     target = int(length * CHARS_PER_TOKEN)
-    pool = [(color, animal) for color in COLORS for animal in ANIMALS]
-    wanted = target // (FILLER_CHARS * (RECORD_EVERY + 1))
-    records = rng.sample(pool, min(len(pool), max(QUESTIONS["kv"], wanted)))
-    codes = rng.sample(range(10000, 100000), len(records) + CHAINS)
-    specials: list[tuple[str, str, tuple]] = []  # (kind, text, what it states) at random depths
-    for (color, animal), code in zip(records, codes, strict=False):
-        specials.append(("kv", f"The pass code of the {color} {animal} is {code}.", (color, animal, str(code))))
-    names = rng.sample([a + b for a in LETTERS for b in LETTERS], CHAINS * (CHAIN_HOPS + 1))
-    chains = []
-    for c in range(CHAINS):
-        chain = names[c * (CHAIN_HOPS + 1) : (c + 1) * (CHAIN_HOPS + 1)]
-        value = str(codes[len(records) + c])
-        chains.append((chain[-1], value))
-        texts = [f"VAR {chain[0]} = {value}."] + [f"VAR {b} = VAR {a}." for a, b in pairwise(chain)]
-        specials += [("vt-step", text, ()) for text in texts]  # placed in order below
-    cities = rng.sample(CITIES, NEEDLES)
-    magic = rng.sample(range(1_000_000, 10_000_000), NEEDLES)
-    specials += [
-        ("needle", f"The special magic number for {city} is {number}.", (city, str(number)))
-        for city, number in zip(cities, magic, strict=True)
-    ]
+    specials, chains = _specials(rng, target)
     lines: list[str] = []
     written = sum(len(text) + 1 for _, text, _ in specials)
     while written < target:
         lines.append(_filler(rng))
         written += len(lines[-1]) + 1
-    positions = sorted(rng.sample(range(len(lines) + len(specials)), len(specials)))
-    # chain steps keep their order: the sorted positions are handed out to the specials in a shuffled order,
-    # then each chain's steps are re-sorted among the positions they received
-    order = list(range(len(specials)))
-    rng.shuffle(order)
-    placed = dict(zip(order, positions, strict=True))
-    steps = [i for i, (kind, _, _) in enumerate(specials) if kind == "vt-step"]
-    for c in range(CHAINS):
-        group = steps[c * (CHAIN_HOPS + 1) : (c + 1) * (CHAIN_HOPS + 1)]
-        for i, position in zip(group, sorted(placed[i] for i in group), strict=True):
-            placed[i] = position
+    placed = _placed(rng, specials, len(lines))
     at = {position: i for i, position in placed.items()}
     document, filler = [], iter(lines)
     for position in range(len(lines) + len(specials)):
         document.append(specials[at[position]][1] if position in at else next(filler))
     turn_of = {i: f"D1:{placed[i] + 1}" for i in range(len(specials))}
     turns = [Turn("", f"D1:{t + 1}", text, None) for t, text in enumerate(document)]
-    questions = []
-    kv = [i for i, (kind, _, _) in enumerate(specials) if kind == "kv"]
-    for i in rng.sample(kv, QUESTIONS["kv"]):
-        color, animal, code = specials[i][2]
-        text = f"What is the pass code of the {color} {animal}?"
-        questions.append(("kv", text, code, [turn_of[i]]))
-    for c in rng.sample(range(CHAINS), QUESTIONS["vt"]):
-        name, value = chains[c]
-        group = steps[c * (CHAIN_HOPS + 1) : (c + 1) * (CHAIN_HOPS + 1)]
-        text = f"What is the value of VAR {name}?"
-        questions.append(("vt", text, value, [turn_of[i] for i in group]))
-    needles = [i for i, (kind, _, _) in enumerate(specials) if kind == "needle"]
-    for i in rng.sample(needles, QUESTIONS["needle"]):
-        city, number = specials[i][2]
-        text = f"What is the special magic number for {city}?"
-        questions.append(("needle", text, number, [turn_of[i]]))
-    rng.shuffle(questions)
     return Conversation(
         sample_id,
         "",
@@ -121,6 +77,77 @@ def _episode(rng: random.Random, sample_id: str, length: int) -> Conversation:
         [Session(1, "", turns)],
         [
             Question(index, text, answer, evidence, 0, None, kind)
-            for index, (kind, text, answer, evidence) in enumerate(questions)
+            for index, (kind, text, answer, evidence) in enumerate(_questions(rng, specials, chains, turn_of))
         ],
     )
+
+
+def _specials(rng: random.Random, target: int) -> tuple[list[Special], list[tuple[str, str]]]:
+    """A document's special sentences for ``target`` characters, in order: its pass-code records, each chain's
+    steps (its first variable's value, then each variable set to the one before) and the cities' magic numbers;
+    and each chain's last variable with its value."""
+    pool = [(color, animal) for color in COLORS for animal in ANIMALS]
+    wanted = target // (FILLER_CHARS * (RECORD_EVERY + 1))
+    records = rng.sample(pool, min(len(pool), max(QUESTIONS["kv"], wanted)))
+    codes = rng.sample(range(10000, 100000), len(records) + CHAINS)
+    specials: list[Special] = [
+        ("kv", f"The pass code of the {color} {animal} is {code}.", (color, animal, str(code)))
+        for (color, animal), code in zip(records, codes, strict=False)
+    ]
+    names = rng.sample([a + b for a in LETTERS for b in LETTERS], CHAINS * (CHAIN_HOPS + 1))
+    chains = []
+    for c in range(CHAINS):
+        chain = names[c * (CHAIN_HOPS + 1) : (c + 1) * (CHAIN_HOPS + 1)]
+        value = str(codes[len(records) + c])
+        chains.append((chain[-1], value))
+        texts = [f"VAR {chain[0]} = {value}."] + [f"VAR {b} = VAR {a}." for a, b in pairwise(chain)]
+        specials += [("vt-step", text, ()) for text in texts]
+    cities = rng.sample(CITIES, NEEDLES)
+    magic = rng.sample(range(1_000_000, 10_000_000), NEEDLES)
+    specials += [
+        ("needle", f"The special magic number for {city} is {number}.", (city, str(number)))
+        for city, number in zip(cities, magic, strict=True)
+    ]
+    return specials, chains
+
+
+def _chain_steps(specials: list[Special]) -> list[list[int]]:
+    """Each chain's steps: their indices in ``specials``, in the chain's order."""
+    steps = [i for i, (kind, _, _) in enumerate(specials) if kind == "vt-step"]
+    return [steps[c * (CHAIN_HOPS + 1) : (c + 1) * (CHAIN_HOPS + 1)] for c in range(CHAINS)]
+
+
+def _placed(rng: random.Random, specials: list[Special], fillers: int) -> dict[int, int]:
+    """Each special's position in a document of ``fillers`` filler sentences and ``specials``, drawn at random but
+    with each chain's steps in their order: the sorted positions are handed out to the specials in a shuffled
+    order, then each chain's steps are re-sorted among the positions they received."""
+    positions = sorted(rng.sample(range(fillers + len(specials)), len(specials)))
+    order = list(range(len(specials)))
+    rng.shuffle(order)
+    placed = dict(zip(order, positions, strict=True))
+    for group in _chain_steps(specials):
+        for i, position in zip(group, sorted(placed[i] for i in group), strict=True):
+            placed[i] = position
+    return placed
+
+
+def _questions(
+    rng: random.Random, specials: list[Special], chains: list[tuple[str, str]], turn_of: dict[int, str]
+) -> list[tuple[str, str, str, list[str]]]:
+    """The document's questions in a seeded order, each (kind, text, answer, evidence turns): ``QUESTIONS[kind]``
+    of each kind, on records, chains and needles drawn at random."""
+    questions = []
+    kv = [i for i, (kind, _, _) in enumerate(specials) if kind == "kv"]
+    for i in rng.sample(kv, QUESTIONS["kv"]):
+        color, animal, code = specials[i][2]
+        questions.append(("kv", f"What is the pass code of the {color} {animal}?", code, [turn_of[i]]))
+    groups = _chain_steps(specials)
+    for c in rng.sample(range(CHAINS), QUESTIONS["vt"]):
+        name, value = chains[c]
+        questions.append(("vt", f"What is the value of VAR {name}?", value, [turn_of[i] for i in groups[c]]))
+    needles = [i for i, (kind, _, _) in enumerate(specials) if kind == "needle"]
+    for i in rng.sample(needles, QUESTIONS["needle"]):
+        city, number = specials[i][2]
+        questions.append(("needle", f"What is the special magic number for {city}?", number, [turn_of[i]]))
+    rng.shuffle(questions)
+    return questions

@@ -53,9 +53,44 @@ def _episode(
     lag: int,
     locks: list[tuple[str, str]],
 ) -> Conversation:
+    """Conversation ``index``: each session's codes among its chit-chat, the previous session's control restated
+    first; after the session its re-asks of the session ``lag`` before (cued at its end), then its first ask."""
+    stated = _codes(rng, locks, sessions, facts)
+    asked = [rng.randrange(facts) for _ in range(sessions)]  # which fact of each session is used
+    controls = [rng.choice([i for i in range(facts) if i != asked[s]]) for s in range(sessions)]
+    session_list, questions = [], []
+    where: list[dict[int, list[str]]] = []  # per session, fact index -> the turn ids stating it
+    for s in range(sessions):
+        number = s + 1
+        lines: list[tuple[str, str]] = []
+        if s:  # the previous session's control, stated again where its used code's answer ends
+            lines.append((SPEAKERS[0], _statement(*stated[s - 1][controls[s - 1]])))
+            where[s - 1][controls[s - 1]].append(f"D{number}:1")
+        where.append(_state_facts(rng, lines, number, stated[s], asked[s], controls[s], chat))
+        earlier = number - lag
+        if earlier >= 1:
+            pair = [("reuse", asked[earlier - 1]), ("fresh", controls[earlier - 1])]
+            if (index + number) % 2:  # the used code first in every other pair
+                pair.reverse()
+            cues, asks = _recall(
+                pair, stated[earlier - 1], where[earlier - 1], number, earlier, len(lines), len(questions)
+            )
+            lines += [(SPEAKERS[1], cue) for cue in cues]
+            questions += asks
+        turns = [Turn(speaker, f"D{number}:{t + 1}", text, None) for t, (speaker, text) in enumerate(lines)]
+        session_list.append(Session(number, f"day {number}", turns))
+        name, thing, code = stated[s][asked[s]]
+        questions.append(_question(len(questions), name, thing, code, where[s][asked[s]], "first"))
+    return Conversation(f"reuse-{index}", SPEAKERS[0], SPEAKERS[1], session_list, questions)
+
+
+def _codes(
+    rng: random.Random, locks: list[tuple[str, str]], sessions: int, facts: int
+) -> list[list[tuple[str, str, str]]]:
+    """Each session's ``facts`` (name, thing, code): distinct locks of ``locks`` and distinct four-digit codes."""
     chosen = rng.sample(locks, sessions * facts)
     codes = rng.sample(range(1000, 10000), sessions * facts)
-    stated = [
+    return [
         [
             (name, thing, str(code))
             for (name, thing), code in zip(
@@ -64,51 +99,57 @@ def _episode(
         ]
         for s in range(sessions)
     ]
-    asked = [rng.randrange(facts) for _ in range(sessions)]  # which fact of each session is used
-    controls = [rng.choice([i for i in range(facts) if i != asked[s]]) for s in range(sessions)]
-    session_list, questions = [], []
-    where: list[dict[int, list[str]]] = []  # per session, fact index -> the turn ids stating it
-    for s in range(sessions):
-        number = s + 1
-        turns_text: list[tuple[str, str]] = []
-        if s:  # the previous session's control, stated again where its used code's answer ends
-            turns_text.append((SPEAKERS[0], _statement(*stated[s - 1][controls[s - 1]])))
-            where[s - 1][controls[s - 1]].append(f"D{number}:1")
-        units = [[asked[s], controls[s]], *([i] for i in range(facts) if i not in (asked[s], controls[s]))]
-        rng.shuffle(units)
-        lines = [(SPEAKERS[i % 2], rng.choice(CHAT)) for i in range(chat)]
-        slots = set(rng.sample(range(chat + len(units)), len(units)))
-        fact_turns: dict[int, list[str]] = {}
-        unit_list, chat_lines = iter(units), iter(lines)
-        for position in range(chat + len(units)):
-            if position not in slots:
-                turns_text.append(next(chat_lines))
-                continue
-            for i in next(unit_list):
-                if i == controls[s]:
-                    turns_text.append((SPEAKERS[1], PAUSE))
-                turns_text.append((SPEAKERS[0], _statement(*stated[s][i])))
-                fact_turns[i] = [f"D{number}:{len(turns_text)}"]
-        earlier = number - lag
-        cues = []
-        if earlier >= 1:
-            for kind, i in (("reuse", asked[earlier - 1]), ("fresh", controls[earlier - 1])):
-                name, thing, _ = stated[earlier - 1][i]
-                cues.append((kind, i, f"{name} called me about the {thing} again."))
-            if (index + number) % 2:  # the used code first in every other pair
-                cues.reverse()
-            turns_text += [(SPEAKERS[1], text) for _, _, text in cues]
-        turns = [Turn(speaker, f"D{number}:{t + 1}", text, None) for t, (speaker, text) in enumerate(turns_text)]
-        session_list.append(Session(number, f"day {number}", turns))
-        where.append(fact_turns)
-        cue_turns = {i: f"D{number}:{len(turns) - len(cues) + c + 1}" for c, (_, i, _) in enumerate(cues)}
-        for order, (kind, i, _) in enumerate(cues, 1):  # asked in the cues' order
-            name, thing, code = stated[earlier - 1][i]
-            evidence = [*where[earlier - 1][i], cue_turns[i]]
-            questions.append(_question(len(questions), name, thing, code, evidence, kind, earlier, order))
-        name, thing, code = stated[s][asked[s]]
-        questions.append(_question(len(questions), name, thing, code, fact_turns[asked[s]], "first"))
-    return Conversation(f"reuse-{index}", SPEAKERS[0], SPEAKERS[1], session_list, questions)
+
+
+def _state_facts(
+    rng: random.Random,
+    lines: list[tuple[str, str]],
+    number: int,
+    stated: list[tuple[str, str, str]],
+    asked: int,
+    control: int,
+    chat: int,
+) -> dict[int, list[str]]:
+    """Session ``number``'s facts ``stated`` appended to its ``lines`` among ``chat`` lines of chit-chat, at seeded
+    places in a seeded order: the used fact (``asked``) and its ``control`` one unit, ``PAUSE`` between them, each
+    other fact a unit of its own. Each fact's turn id (a list, the restatement's id is added to the control's)."""
+    units = [[asked, control], *([i] for i in range(len(stated)) if i not in (asked, control))]
+    rng.shuffle(units)
+    chit_chat = [(SPEAKERS[i % 2], rng.choice(CHAT)) for i in range(chat)]
+    slots = set(rng.sample(range(chat + len(units)), len(units)))
+    fact_turns: dict[int, list[str]] = {}
+    unit_list, chat_lines = iter(units), iter(chit_chat)
+    for position in range(chat + len(units)):
+        if position not in slots:
+            lines.append(next(chat_lines))
+            continue
+        for i in next(unit_list):
+            if i == control:
+                lines.append((SPEAKERS[1], PAUSE))
+            lines.append((SPEAKERS[0], _statement(*stated[i])))
+            fact_turns[i] = [f"D{number}:{len(lines)}"]
+    return fact_turns
+
+
+def _recall(
+    pair: list[tuple[str, int]],
+    stated: list[tuple[str, str, str]],
+    where: dict[int, list[str]],
+    number: int,
+    earlier: int,
+    before: int,
+    first: int,
+) -> tuple[list[str], list[Question]]:
+    """Session ``number``'s cue lines, after its first ``before`` turns, bringing up session ``earlier``'s used fact
+    and its control (``pair``: each one's kind and index, in the order asked), and the questions on them, each with
+    its statements (``where``) and its cue as evidence, numbered from ``first``."""
+    cues, asks = [], []
+    for order, (kind, i) in enumerate(pair, 1):
+        name, thing, code = stated[i]
+        cues.append(f"{name} called me about the {thing} again.")
+        evidence = [*where[i], f"D{number}:{before + order}"]
+        asks.append(_question(first + order - 1, name, thing, code, evidence, kind, earlier, order))
+    return cues, asks
 
 
 def _statement(name: str, thing: str, code: str) -> str:

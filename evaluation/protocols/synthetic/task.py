@@ -3,19 +3,17 @@ prompts, scored by string match."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from evaluation.catalogue.specs import DEFAULT_PRESSES
 from evaluation.errors import EvaluationError
+from evaluation.metrics.synthetic import string_match
 from evaluation.protocols.locomo.render import header, render_session
-from evaluation.protocols.options import MAX_TOKENS, whole
-from evaluation.protocols.protocol import SAMPLED
+from evaluation.protocols.options import MAX_GENERATED, MAX_TOKENS, whole
 from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question, Session
 from evaluation.protocols.streaming.framing import Framing, Message
@@ -24,6 +22,7 @@ from evaluation.protocols.streaming.protocol import register_task
 from evaluation.protocols.streaming.task import StreamTask
 from evaluation.protocols.synthetic import memory, multiquery, reuse
 from evaluation.reporting.conditions import Benchmark, Contrast
+from evaluation.settings import SAMPLED, setting
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -33,12 +32,6 @@ REUSE_CONDITIONS = {"first": "first ask", "reuse": "asked again", "fresh": "neve
 ORDERS = {1: "asked first", 2: "asked second"}
 REACH = {True: "the lag's window reaches the first use", False: "the lag's window misses the first use"}
 DOCUMENT_HEADER = "Read the document below. Questions about it follow.\n\n"
-
-
-def string_match(prediction: str, answer: str) -> float:
-    """1 when the answer appears in the prediction as a whole word or number (case-insensitive), else 0:
-    RULER's containment rule, except that "48213" does not count as holding "4821"."""
-    return float(re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", prediction, re.IGNORECASE) is not None)
 
 
 def sentence_answer(question: Question) -> str:
@@ -60,10 +53,11 @@ def generated(
     config: StreamConfig, generate: Callable[..., list[Conversation]]
 ) -> tuple[dict[str, str], list[Conversation]]:
     """The episodes of ``config.settings.episodes`` and their fingerprint (a resumed run must regenerate the same)."""
+    settings = asdict(config.settings.episodes)  # type: ignore[attr-defined]
     try:
-        conversations = generate(**config.settings.episodes)
+        conversations = generate(**settings)
     except (TypeError, ValueError) as error:
-        raise EvaluationError(f"{config.task} episodes {config.settings.episodes}: {error}") from error
+        raise EvaluationError(f"{config.task} episodes {settings}: {error}") from error
     text = json.dumps([asdict(conversation) for conversation in conversations], sort_keys=True)
     return {"episodes": hashlib.sha256(text.encode()).hexdigest()}, conversations
 
@@ -99,22 +93,42 @@ def _benchmark(
     )
 
 
-def add_generator_options(parser: argparse.ArgumentParser) -> None:
-    """A synthetic family's generator options; its episodes stream with the evidence placement and gold history."""
-    parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
-    parser.add_argument("--episodes", type=whole(1), default=8, help="episodes per setting (default 8)")
+def seed() -> Any:
+    return setting("--seed", type=int, default=0, help="the generator's seed (default 0)")
 
 
-def add_reuse_options(parser: argparse.ArgumentParser) -> None:
-    add_generator_options(parser)
-    parser.add_argument("--sessions", type=whole(2), default=6, help="sessions per episode (default 6)")
-    parser.add_argument("--facts", type=whole(2), default=2, help="codes stated per session (default 2)")
-    parser.add_argument("--lag", type=whole(1), default=1, help="sessions between a code's two asks (default 1)")
+def episodes() -> Any:
+    return setting("--episodes", type=whole(1, MAX_GENERATED), default=8, help="episodes per setting (default 8)")
 
 
-def add_multiquery_options(parser: argparse.ArgumentParser) -> None:
-    add_generator_options(parser)
-    parser.add_argument(
+class Generated:
+    """A synthetic family's own settings (``episodes``: its generator's, declared with their options): its episodes
+    stream like LoCoMo's evidence placement with the gold history, every episode asked."""
+
+    conversations: ClassVar[None] = None
+    placement: ClassVar[str] = "evidence"
+    history: ClassVar[str] = "gold"
+
+
+@dataclass(kw_only=True)
+class ReuseEpisodes:
+    seed: int = seed()
+    episodes: int = episodes()
+    sessions: int = setting("--sessions", type=whole(2), default=6, help="sessions per episode (default 6)")
+    facts: int = setting("--facts", type=whole(2), default=2, help="codes stated per session (default 2)")
+    lag: int = setting("--lag", type=whole(1), default=1, help="sessions between a code's two asks (default 1)")
+
+
+@dataclass(kw_only=True)
+class ReuseSettings(Generated):
+    episodes: ReuseEpisodes = field(metadata=SAMPLED)
+
+
+@dataclass(kw_only=True)
+class MultiqueryEpisodes:
+    seed: int = seed()
+    per_length: int = episodes()
+    lengths: list[int] = setting(
         "--lengths",
         nargs="+",
         type=whole(512, MAX_TOKENS),
@@ -124,34 +138,9 @@ def add_multiquery_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass
-class GeneratedSettings:
-    """A synthetic family's own settings: its generator's, its episodes streamed like LoCoMo's evidence placement
-    with the gold history, every episode asked."""
-
-    episodes: dict = field(metadata=SAMPLED)
-    conversations: ClassVar[None] = None
-    placement: ClassVar[str] = "evidence"
-    history: ClassVar[str] = "gold"
-
-
-def streamed(episodes: dict) -> GeneratedSettings:
-    return GeneratedSettings(episodes)
-
-
-def reuse_settings(args: argparse.Namespace) -> GeneratedSettings:
-    generator = {"seed": args.seed, "episodes": args.episodes, "sessions": args.sessions, "facts": args.facts}
-    return streamed({**generator, "lag": args.lag})
-
-
-def multiquery_settings(args: argparse.Namespace) -> GeneratedSettings:
-    return streamed({"seed": args.seed, "lengths": args.lengths, "per_length": args.episodes})
-
-
-def multiquery_options(episodes: dict) -> dict:
-    """The options of a recorded multiquery generator (``multiquery_settings``'s inverse)."""
-    options = {key: value for key, value in episodes.items() if key != "per_length"}
-    return options | ({"episodes": episodes["per_length"]} if "per_length" in episodes else {})
+@dataclass(kw_only=True)
+class MultiquerySettings(Generated):
+    episodes: MultiqueryEpisodes = field(metadata=SAMPLED)
 
 
 def streamed_increments(
@@ -270,8 +259,7 @@ REUSE = StreamTask(
     scored=scored,
     benchmark=_benchmark("Reuse", reuse_conditions, REUSE_ORDER, REUSE_CONTRASTS),
     metric="Accuracy (%, string match of the code)",
-    add_options=add_reuse_options,
-    settings=reuse_settings,
+    settings=ReuseSettings,
     presses=PRESSES,
     budgets=(256, 512),
     max_new_tokens=24,
@@ -297,9 +285,7 @@ MULTIQUERY = StreamTask(
         unit="document",
     ),
     metric="Accuracy (%, string match of the number)",
-    add_options=add_multiquery_options,
-    settings=multiquery_settings,
-    options_of=multiquery_options,
+    settings=MultiquerySettings,
     presses=PRESSES,
     budgets=(1024, 2048),
     max_new_tokens=24,
@@ -311,29 +297,31 @@ MULTIQUERY = StreamTask(
 )
 
 
-def add_memory_options(parser: argparse.ArgumentParser) -> None:
-    add_generator_options(parser)
-    parser.add_argument(
+@dataclass(kw_only=True)
+class MemoryEpisodes:
+    seed: int = seed()
+    episodes: int = episodes()
+    budget_facts: int = setting(
         "--budget-facts", type=whole(1), default=20, help="K: the memory's budget in facts (default 20)"
     )
-    parser.add_argument(
+    multiples: list[int] = setting(
         "--multiples",
         nargs="+",
         type=whole(1),
         default=[2, 5, 10],
         help="re-query when the stream has stated these multiples of K facts (default 2 5 10)",
     )
-    parser.add_argument("--reuse-every", type=whole(2), default=10, help="one fact in this many is used (default 10)")
-    parser.add_argument(
+    reuse_every: int = setting(
+        "--reuse-every", type=whole(2), default=10, help="one fact in this many is used (default 10)"
+    )
+    queries: int = setting(
         "--queries", type=whole(1), default=3, help="used and never-used facts re-queried at each point (default 3)"
     )
 
 
-def memory_settings(args: argparse.Namespace) -> GeneratedSettings:
-    generator = {"seed": args.seed, "episodes": args.episodes, "budget_facts": args.budget_facts}
-    return streamed(
-        {**generator, "multiples": args.multiples, "reuse_every": args.reuse_every, "queries": args.queries}
-    )
+@dataclass(kw_only=True)
+class MemorySettings(Generated):
+    episodes: MemoryEpisodes = field(metadata=SAMPLED)
 
 
 def memory_conditions(row: dict) -> list[str]:
@@ -366,8 +354,7 @@ MEMORY = StreamTask(
     ),
     metric="Accuracy (%, string match of the code; `answer held`: share of layer x KV head slots holding every "
     "token of a copy of the code)",
-    add_options=add_memory_options,
-    settings=memory_settings,
+    settings=MemorySettings,
     presses=(
         *DEFAULT_PRESSES,
         "rmm(lag=32)",

@@ -14,7 +14,8 @@ At step t a policy evicts one of the held positions 0..t of each group. Every po
 - ``recent_window(h2o_summed,window=W)`` (``SummedH2OPolicy``) is the TOVA seed's H2O: the attention each
   position received summed over every row so far, not averaged, with the W newest positions protected;
 - RMM, whose smoother carries state from step to step, is driven one arrival at a time as ``DecodingPress``
-  drives it (``StreamedPress``): the lag sweep measures the very press users run. Beside each finite lag H > 0
+  drives it (``StreamedPress``), learning each row's teacher-forced correctness when the next position arrives,
+  as on a model: the lag sweep measures the very press users run. Beside each finite lag H > 0
   runs its commit-lag control, ``recent_window(rmm,window=H)`` (``WindowedRMMPolicy``): the same H newest
   positions protected (RMM's provisional buffer), the rest ranked by RMM's own full-horizon score, the
   correctness-weighted utility of ``rmm`` (``lag=None``) over every row so far. The two rank committed positions
@@ -39,8 +40,7 @@ from evaluation.catalogue.needs import Protected, budget_refusal, needs, protect
 from evaluation.catalogue.resolved import resolve_press
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.protocols.traces.streamed import StreamedPress
-from presses import RMMPress, TOVAPress
-from presses.smoother import MARK_DIMS, Smoother
+from presses.harness import MARK_DIMS, RMMPress, Smoother, TOVAPress
 
 LAG_SWEEP = (0, 1, 4, 16, 64, 256)
 PROTECTED = torch.finfo(torch.float32).max  # +inf scores (never evict) stay above every unheld position
@@ -128,8 +128,9 @@ class PressPolicy(Policy):
 
 @dataclass
 class StreamedPolicy(Policy):
-    """RMM at a commit lag, its press run one arrival at a time on the trace (``StreamedPress``), with the
-    trace's teacher-forced correctness as row weights (or uniform ones)."""
+    """RMM at a commit lag, its press run one arrival at a time on the trace (``StreamedPress``), reading the
+    trace's teacher-forced correctness as it does on a model, each row's once the next position arrives (or
+    uniform weights)."""
 
     name: str
     lag: int | None
@@ -140,9 +141,9 @@ class StreamedPolicy(Policy):
         return resolve_press(sweep_name(self.lag)).budget_refusal(budget)
 
     def start(self, trace: LayerTrace, budget: int) -> None:
-        correctness = trace.correct[None] if self.teacher_forced else "uniform"
-        press = RMMPress(lag=self.lag, correctness=correctness)
-        self.stream = StreamedPress(press, budget, trace.rows[:, :budget, :budget])
+        press = RMMPress(lag=self.lag, correctness="teacher_forced" if self.teacher_forced else "uniform")
+        correct = trace.correct if self.teacher_forced else None
+        self.stream = StreamedPress(press, budget, trace.rows[:, :budget, :budget], correct)
 
     def evict(self, trace: LayerTrace, t: int, held: torch.Tensor) -> torch.Tensor:
         before = torch.cat([self.stream.held, torch.full((trace.groups, 1), t)], dim=1)
@@ -178,7 +179,8 @@ class WindowedRMMPolicy(WindowedPolicy):
     control of ``rmm(lag=H)``; at 0, ``rmm`` itself.
 
     The score is ``rmm``'s (``RMMPress(lag=None)``), ranked through RMM's ``Smoother``: every row t >= k weighted
-    by the trace's teacher-forced correctness w(t), summed and divided by the rows counted. The window is
+    by the trace's teacher-forced correctness w(t), summed and divided by the rows counted, with the press's timing:
+    the newest row counts as correct (weight 1) until the next position arrives. The window is
     ``RecentWindowPress``'s rule (the newest positions score +inf), which cannot wrap ``RMMPress`` itself (its
     smoother must follow its own evictions); ties keep the older position, as RMM's commit rule does."""
 
@@ -188,15 +190,15 @@ class WindowedRMMPolicy(WindowedPolicy):
         self.sums = (trace.rows[:, :budget] * trace.correct[:budget, None]).sum(1)
 
     def evict(self, trace: LayerTrace, t: int, held: torch.Tensor) -> torch.Tensor:
-        self.sums += trace.correct[t] * trace.rows[:, t]
         scores = self.scores(trace, t).clamp(max=PROTECTED).masked_fill(~held, float("inf"))
+        self.sums += trace.correct[t] * trace.rows[:, t]  # row t's weight, known once position t + 1 arrives
         return t - scores.flip(-1).argmin(-1)
 
     def unprotected(self, trace: LayerTrace, t: int) -> torch.Tensor:
-        """RMM's scores once step t's row is counted (``evict`` counts it)."""
+        """RMM's scores at step t: the rows before t with their weights, row t as correct."""
         positions = torch.arange(t + 1).expand(1, trace.groups, -1)
         smoother = Smoother.start(None, positions, torch.zeros(*positions.shape, MARK_DIMS))
-        smoother.set_sums(self.sums[None, :, : t + 1].float())
+        smoother.set_sums((self.sums + trace.rows[:, t])[None, :, : t + 1].float())
         return smoother.scores()[0]
 
 

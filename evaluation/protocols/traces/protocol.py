@@ -8,7 +8,6 @@ layers as ``score`` and its value per layer; the scorecard's examples are the tr
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,29 +15,66 @@ from typing_extensions import NotRequired
 
 from evaluation.errors import EvaluationError
 from evaluation.protocols.options import probability, whole
-from evaluation.protocols.protocol import DEFINES, DEFINING, SAMPLE, SCORES, Protocol, Row, register
+from evaluation.protocols.protocol import Protocol, Row, register
 from evaluation.protocols.traces import DEFAULT_THRESHOLD, H2O_WINDOW
 from evaluation.reporting.conditions import Benchmark
-from evaluation.runs.backends import Unit
 from evaluation.runs.data_location import shared_data
 from evaluation.runs.models import ModelSettings
+from evaluation.settings import DEFINES, DEFINING, SAMPLE, SCORES, setting
 
 METRICS = ("retained_mass", "heavy_hitter_recall", "hit_rate")
 SUMMARY = "summary"
 DEFAULT_TEXTS = ["multi_news:0", "locomo:conv-26"]
+# when the replayed RMM learns a row's teacher-forced correctness: as the press does on a model, once the next
+# position arrives (``streamed.StreamedPress``); a run recorded before this setting read it as the row arrived
+RMM_CORRECTNESS_KNOWN, KNOWN_BEFORE = "at the next position", "on arrival"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TracesConfig:
     model: ModelSettings = field(metadata={DEFINES: {"model": SAMPLE, "dtype": SCORES}})
-    texts: list[str]
-    length: int = field(metadata=DEFINING)
-    budgets: list[int]
-    per_kv_group: bool = field(metadata=DEFINING)
-    threshold: float = field(metadata=DEFINING)
-    data_root: Path
+    data_root: Path = setting(
+        "--data",
+        type=Path,
+        default=shared_data(),
+        help="folder holding longbench/ and locomo/ (default $KVET_SHARED_DATA, else shared/data in or beside "
+        "the checkout)",
+    )
+    texts: list[str] = setting(
+        "--texts",
+        nargs="+",
+        default=DEFAULT_TEXTS,
+        help=f"multi_news:N (a LongBench context) or locomo:SAMPLE_ID (default {' '.join(DEFAULT_TEXTS)})",
+    )
+    length: int = setting(
+        "--length", defines=SCORES, type=whole(65), default=2048, help="tokens per trace (default 2048, at most 4096)"
+    )
+    budgets: list[int] = setting(
+        "--budgets", nargs="+", type=whole(1), default=[64, 128, 256, 512], help="positions held"
+    )
+    per_kv_group: bool = setting(
+        "--per-kv-group", defines=SCORES, action="store_true", help="one trace per KV group instead of all heads"
+    )
+    threshold: float = setting(
+        "--threshold",
+        defines=SCORES,
+        type=probability,
+        default=DEFAULT_THRESHOLD,
+        help=f"attention that counts as a use ({DEFAULT_THRESHOLD})",
+    )
     output: Path
-    h2o_window: int = field(default=H2O_WINDOW, metadata=DEFINING)
+    h2o_window: int = setting(
+        "--h2o-window",
+        defines=SCORES,
+        type=whole(0),
+        default=H2O_WINDOW,
+        help=f"W of recent_window(h2o,window=W), H2O's recent window ({H2O_WINDOW}; 0: none)",
+    )
+    rmm_correctness_known: str = field(default=RMM_CORRECTNESS_KNOWN, metadata=DEFINING)
+
+    def __post_init__(self) -> None:
+        if self.length > 4096:
+            raise EvaluationError(f"--length {self.length} is over 4096: a trace holds length x length per layer")
 
 
 class TraceRow(Row):
@@ -84,60 +120,11 @@ class Traces(Protocol[TracesConfig]):
         "write the scorecard, its pictures, the paper's section 6 model and run.json."
     )
     benchmark = BENCHMARK
-    implementation = "evaluation.protocols.traces.work"
 
-    def add_options(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--data",
-            type=Path,
-            default=shared_data(),
-            help="folder holding longbench/ and locomo/ (default $KVET_SHARED_DATA, else shared/data in or beside "
-            "the checkout)",
-        )
-        parser.add_argument(
-            "--texts",
-            nargs="+",
-            default=DEFAULT_TEXTS,
-            help=f"multi_news:N (a LongBench context) or locomo:SAMPLE_ID (default {' '.join(DEFAULT_TEXTS)})",
-        )
-        parser.add_argument(
-            "--length", type=whole(65), default=2048, help="tokens per trace (default 2048, at most 4096)"
-        )
-        parser.add_argument("--budgets", nargs="+", type=whole(1), default=[64, 128, 256, 512], help="positions held")
-        parser.add_argument("--per-kv-group", action="store_true", help="one trace per KV group instead of all heads")
-        parser.add_argument(
-            "--threshold",
-            type=probability,
-            default=DEFAULT_THRESHOLD,
-            help=f"attention that counts as a use ({DEFAULT_THRESHOLD})",
-        )
-        parser.add_argument(
-            "--h2o-window",
-            type=whole(0),
-            default=H2O_WINDOW,
-            help=f"W of recent_window(h2o,window=W), H2O's recent window ({H2O_WINDOW}; 0: none)",
-        )
-
-    def configure(self, args: argparse.Namespace, model: ModelSettings, output: Path) -> TracesConfig:
-        if args.length > 4096:
-            raise EvaluationError(f"--length {args.length} is over 4096: a trace holds length x length per layer")
-        return TracesConfig(
-            model=model,
-            texts=args.texts,
-            length=args.length,
-            budgets=args.budgets,
-            per_kv_group=args.per_kv_group,
-            threshold=args.threshold,
-            h2o_window=args.h2o_window,
-            data_root=args.data,
-            output=output,
-        )
-
-    def options_of(self, settings: dict) -> dict:
-        return {**settings, "data": settings.get("data_root")}
-
-    def steps(self, config: TracesConfig, unit: Unit) -> list[frozenset]:
-        return self.work().steps(config, unit)
+    def record_defaults(self) -> dict:
+        """A run recorded before ``rmm_correctness_known`` existed replayed RMM knowing each row's correctness on
+        its arrival: its rows are not this code's, so a resume or a pooled scorecard refuses them."""
+        return {**super().record_defaults(), "rmm_correctness_known": KNOWN_BEFORE}
 
     def row_key(self, row: TraceRow) -> tuple[str, str, str, str]:
         return row_key(row)

@@ -17,16 +17,10 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.errors import EvaluationError
-from evaluation.protocols.locomo.data import load_conversations
-from evaluation.protocols.locomo.render import render_conversation
-from evaluation.protocols.longbench.data import load_task
+from evaluation.protocols.texts import source_text, text_tokens
 from evaluation.runs.files import replaced
 from evaluation.runs.models import cache_root
-from presses.attention import attention_rows, group_mean
-from presses.prefix import forward_capturing
-from presses.teacher_forcing import teacher_forced_correctness
-
-SOURCES = ("multi_news", "locomo")
+from presses.harness import attention_rows, forward_capturing, group_mean, teacher_forced_correctness
 
 
 @dataclass
@@ -59,38 +53,6 @@ def record(model: PreTrainedModel, token_ids: list[int], name: str, per_kv_group
             rows[:, first : first + probs.shape[2], : probs.shape[-1]] = group_mean(probs, groups)[0].cpu()
         layers.append(rows)
     return Trace(name, token_ids, correct, layers)
-
-
-def source_file(spec: str, data_root: Path) -> Path:
-    """The data file a trace text comes from (``--data``: the folder holding longbench/ and locomo/)."""
-    source, _ = parse_source(spec)
-    path = data_root / ("longbench/multi_news.jsonl" if source == "multi_news" else "locomo/locomo10.json")
-    if not path.is_file():
-        raise EvaluationError(f"{path} not found: pass --data, the folder holding longbench/ and locomo/")
-    return path
-
-
-def source_text(spec: str, data_root: Path) -> str:
-    """A real text of the shared data: ``multi_news:N``, LongBench multi_news context number N, or
-    ``locomo:SAMPLE_ID``, the LoCoMo conversation rendered as the LoCoMo protocol renders it."""
-    source, index = parse_source(spec)
-    path = source_file(spec, data_root)
-    if source == "multi_news":
-        contexts = [example.context for example in load_task(path.parent, "multi_news")]
-        if not index.isdigit() or int(index) >= len(contexts):
-            raise EvaluationError(f"multi_news has contexts 0..{len(contexts) - 1}; got {index!r}")
-        return contexts[int(index)]
-    conversations = {c.sample_id: c for c in load_conversations(path)}
-    if index not in conversations:
-        raise EvaluationError(f"unknown LoCoMo conversation {index!r}; the data holds {', '.join(conversations)}")
-    return render_conversation(conversations[index], conversations[index].sessions)
-
-
-def parse_source(spec: str) -> tuple[str, str]:
-    source, _, index = spec.partition(":")
-    if source not in SOURCES or not index:
-        raise EvaluationError(f"trace text {spec!r} must be multi_news:N or locomo:SAMPLE_ID (e.g. multi_news:0)")
-    return source, index
 
 
 def trace_name(model_name: str, spec: str, length: int, per_kv_group: bool) -> str:
@@ -128,22 +90,3 @@ def load_or_record(
     with replaced(path) as staging:
         torch.save({"token_ids": trace.token_ids, "correct": trace.correct, "layers": trace.layers}, staging)
     return trace
-
-
-CHARS_PER_TOKEN = 8  # the first prefix of a text tokenized, in characters per token asked for
-BOUNDARY_TOKENS = 16  # tokens past the length, so that the prefix's cut changes none of the first ``length``
-
-
-def text_tokens(tokenizer: PreTrainedTokenizerBase, text: str, length: int, spec: str) -> list[int]:
-    """The first ``length`` tokens of ``text`` (no special tokens), encoded from a prefix of ``CHARS_PER_TOKEN``
-    characters a token, grown until it holds ``BOUNDARY_TOKENS`` more than that: a long text is never tokenized
-    whole, and its first ``length`` tokens are the whole text's."""
-    chars = length * CHARS_PER_TOKEN
-    while True:
-        ids = tokenizer.encode(text[:chars], add_special_tokens=False)
-        if len(ids) >= length + BOUNDARY_TOKENS or chars >= len(text):
-            break
-        chars *= 4
-    if len(ids) < length:
-        raise EvaluationError(f"{spec} has {len(ids)} tokens, fewer than --length {length}: pick a longer text")
-    return ids[:length]

@@ -18,7 +18,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evaluation.catalogue.budgets import Budget
 from evaluation.errors import EvaluationError
-from evaluation.protocols.protocol import REFERENCE, Plan
+from evaluation.protocols.protocol import REFERENCE, Implementation, Plan, implement
+from evaluation.protocols.texts import source_file, source_text
 from evaluation.protocols.traces import controlled
 from evaluation.protocols.traces.policies import (
     LAG_SWEEP,
@@ -30,7 +31,7 @@ from evaluation.protocols.traces.policies import (
     sweep_name,
 )
 from evaluation.protocols.traces.protocol import BENCHMARK, METRICS, SUMMARY, TraceRow, Traces, TracesConfig
-from evaluation.protocols.traces.record import Trace, load_or_record, source_file, source_text, trace_name
+from evaluation.protocols.traces.record import Trace, load_or_record, trace_name
 from evaluation.protocols.traces.replay import Replay, recent_share, replay
 from evaluation.protocols.traces.tova_claims import (
     FIRST,
@@ -211,9 +212,30 @@ def write_scorecard(protocol: Traces, config: TracesConfig, rows: list[dict]) ->
     summary = summarize(scores_frame(BENCHMARK, rows), REFERENCE)
     note = (
         "Trace metrics, mean over layers; each cell: mean [95% bootstrap interval over traces] (n traces). With "
-        "two texts an interval describes those two texts, not a population."
+        "two texts an interval describes those two texts, not a population. Heavy-hitter recall is agreement with "
+        "attention summed over the whole trace, in hindsight, not a measure of holding what later steps use: read "
+        "it beside Belady's (the offline optimum of hit rate). RMM learns each row's teacher-forced correctness "
+        "when the next position arrives, as the press does on a model."
     )
     appendix = tova_table(tova_claims(rows, budgets, h2o_window), h2o_window)
     write_card(output, summary, f"Traces: {output.name}", note, REFERENCE, policies, labels, appendix)
     plot_lag_sweep(output / "lag_sweep.png", summary, labels)
     controlled.run(output)
+
+
+class TracesWork(Implementation[TracesConfig]):
+    def dry_run(self, protocol: Traces, config: TracesConfig) -> str:
+        return dry_run(protocol, config)
+
+    def plan(self, protocol: Traces, config: TracesConfig) -> Plan:
+        return plan(protocol, config)
+
+    def write_scorecard(self, protocol: Traces, config: TracesConfig, rows: list[dict]) -> None:
+        write_scorecard(protocol, config, rows)
+
+    def steps(self, protocol: Traces, config: TracesConfig, unit: Unit) -> list[frozenset]:
+        return steps(config, unit)
+
+
+TRACES_WORK = TracesWork()
+implement(Traces, TRACES_WORK)
