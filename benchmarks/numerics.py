@@ -1,16 +1,19 @@
 """How far a committed run's floats move with the intra-op thread count: the bound behind ``reproduce``'s tolerances
 (``evaluation.cli.reproduce.TOLERANCES``, docs/reliability.md "Numerics").
 
-For each ``RUN[:K]`` (default the perplexity and LongBench samples that ``make reproduce`` re-runs), the sample
-``reproduce`` would take is re-run once per ``--threads`` count (default 1 and 2), each in this one process with its
-count set before the model loads, ``--repeats`` times each; every float field of every re-run row is compared with
-the committed row and with every other re-run, and the largest difference per field is kept (a list's, such as
-``nll_by_position``, over its items). Text is compared byte for byte (a differing text is reported, not bounded).
-Prints and writes (after each run), per run, the largest difference per field over all those pairs, and whether two
-runs at one count ever differed at all.
+For each ``RUN[:K]`` (default one committed run of each protocol that ``make reproduce`` re-runs, one unit or step
+each: every float field a reproduction compares, the perplexity cell's ``nll`` and ``nll_by_position``, LongBench's
+and the streamed protocols' ``answer_nll``, the probe's confidence, a trace's attention shares), the sample
+``reproduce`` would take is re-run once per ``--threads`` count (default 1, 2 and this machine's cores; a count named
+twice runs twice, so on a 2-core machine 2 is repeated), each in this one process with its count set before the
+model loads. Every float field of every re-run row is compared with the committed row and with every other re-run,
+and the largest difference per field is kept (a list's, such as ``nll_by_position``, over its items). Text is
+compared byte for byte (a differing text is reported, not bounded). Prints and writes (after each run), per run and
+over all runs, the largest difference per field, whether two re-runs at one count ever differed, and each re-run's
+seconds (wall and CPU).
 
 Run it with nothing else on the machine or beside other work alike: at a fixed count the load changes only the time
-(the repeats say whether that held here).
+(the repeated count says whether that held here).
 
 Writes ``results/bench/numerics.json``.
 """
@@ -21,6 +24,7 @@ import argparse
 import json
 import math
 import tempfile
+import time
 from dataclasses import replace
 from itertools import combinations
 from pathlib import Path
@@ -36,7 +40,21 @@ from evaluation.protocols.protocol import lacks  # noqa: E402
 from evaluation.runs.backends import run_units  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("results/perplexity/smollm2-135m:1", "results/longbench/smollm2-135m:1")
+RUNS = tuple(
+    f"results/{run}:1"
+    for run in (
+        "perplexity/smollm2-135m",
+        "longbench/smollm2-135m",
+        "locomo/smollm2-135m",
+        "reuse/smollm2-135m",
+        "multiquery/smollm2-135m",
+        "memory/smollm2-135m",
+        "traces/smollm2-135m",
+        "probe/smollm2-135m",
+        "ruler/smollm2-135m",
+        "needle/smollm2-135m",
+    )
+)
 
 
 def rerun(text: str, threads: int, scratch: Path) -> tuple[dict, dict]:
@@ -61,6 +79,9 @@ def differences(a: object, b: object, field: str, found: dict[str, float], texts
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for x, y in zip(a, b, strict=True):
             differences(x, y, field, found, texts)
+    elif isinstance(a, dict) and isinstance(b, dict) and list(a) == list(b):
+        for name in a:
+            differences(a[name], b[name], field, found, texts)
     elif isinstance(a, float) and isinstance(b, float):
         gap = 0.0 if a == b or (math.isnan(a) and math.isnan(b)) else abs(a - b)
         found[field] = max(found.get(field, 0.0), gap)
@@ -69,6 +90,7 @@ def differences(a: object, b: object, field: str, found: dict[str, float], texts
 
 
 def compare(first: dict, second: dict) -> tuple[dict[str, float], list[str]]:
+    """The largest float difference per field between two sets of rows by key, and the non-floats that differ."""
     found: dict[str, float] = {}
     texts: list[str] = []
     for key, row in first.items():
@@ -77,41 +99,65 @@ def compare(first: dict, second: dict) -> tuple[dict[str, float], list[str]]:
     return found, texts
 
 
-def largest(*found: dict[str, float]) -> dict[str, float]:
+def largest(found: list[dict[str, float]]) -> dict[str, float]:
     fields = sorted({field for f in found for field in f})
     return {field: max(f.get(field, 0.0) for f in found) for field in fields}
 
 
+def measured(text: str, counts: list[int]) -> dict:
+    """``text``'s sample re-run at each of ``counts``: the largest difference per field against the committed rows
+    and between re-runs, the texts that differ, and each re-run's seconds (wall, and CPU: this process's threads
+    together, which the machine's load changes less)."""
+    committed: dict = {}
+    reruns: list[tuple[int, str, dict]] = []
+    seconds: dict[str, dict[str, float]] = {}
+    for index, threads in enumerate(counts):
+        again = counts.count(threads) > 1
+        name = f"{threads} threads" + (f", run {counts[: index + 1].count(threads)}" if again else "")
+        start, processor = time.perf_counter(), time.process_time()
+        with tempfile.TemporaryDirectory(prefix="numerics-") as scratch:
+            committed, rows = rerun(text, threads, Path(scratch))
+        seconds[name] = {
+            "wall": round(time.perf_counter() - start, 1),
+            "cpu": round(time.process_time() - processor, 1),
+        }
+        reruns.append((threads, name, rows))
+        print(f"{text}: re-run at {name}: {len(rows)} rows, seconds {seconds[name]}", flush=True)
+    against = {name: compare(committed, rows) for _, name, rows in reruns}
+    pairs = [(a == b, f"{x} vs {y}", compare(one, other)) for (a, x, one), (b, y, other) in combinations(reruns, 2)]
+    between = {name: found for _, name, found in pairs}
+    same_count = [found for same, _, (found, _) in pairs if same]
+    return {
+        "rows": len(committed),
+        "largest": largest([found for found, _ in [*against.values(), *between.values()]]),
+        "against_committed": {name: found for name, (found, _) in against.items()},
+        "between_reruns": {name: found for name, (found, _) in between.items()},
+        "same_count_moved": any(value > 0 for found in same_count for value in found.values()),
+        "texts_differ": sorted({t for _, texts in [*against.values(), *between.values()] for t in texts}),
+        "seconds": seconds,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="*", default=list(RUNS), help=f"RUN[:K] (default {' '.join(RUNS)})")
-    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="thread counts (default 1 2)")
-    parser.add_argument("--repeats", type=int, default=1, help="re-runs per count (default 1)")
+    parser.add_argument("runs", nargs="*", default=list(RUNS), help="RUN[:K] (default: one run of each protocol, K=1)")
+    parser.add_argument(
+        "--threads",
+        nargs="+",
+        type=int,
+        default=[1, 2, machine_threads()],
+        help=f"thread counts, a count named twice run twice (default 1 2 {machine_threads()})",
+    )
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench/numerics.json")
     args = parser.parse_args()
-    report: dict = {"machine_threads": machine_threads(), "threads": args.threads, "repeats": args.repeats, "runs": {}}
+    start = time.perf_counter()
+    report: dict = {"machine_threads": machine_threads(), "threads": args.threads, "largest": {}, "runs": {}}
     for text in args.runs:
-        committed, reruns = {}, []
-        for threads in args.threads:
-            for repeat in range(args.repeats):
-                with tempfile.TemporaryDirectory(prefix="numerics-") as scratch:
-                    committed, rows = rerun(text, threads, Path(scratch))
-                reruns.append((threads, repeat, rows))
-                print(f"{text}: re-run at {threads} threads ({repeat + 1} of {args.repeats}): {len(rows)} rows")
-        against_committed = {f"{t} threads": compare(committed, rows) for t, _, rows in reruns}
-        pairs = {f"{t}/{r} vs {u}/{s}": compare(a, b) for (t, r, a), (u, s, b) in combinations(reruns, 2)}
-        same_count = [found for (t, _, _), (u, _, _), found in (
-            (x, y, compare(x[2], y[2])[0]) for x, y in combinations(reruns, 2)) if t == u]  # fmt: skip
-        entry = {
-            "rows": len(committed),
-            "largest": largest(*(f for f, _ in [*against_committed.values(), *pairs.values()])),
-            "against_committed": {name: found for name, (found, _) in against_committed.items()},
-            "between_reruns": {name: found for name, (found, _) in pairs.items()},
-            "same_count_moved": any(value > 0 for found in same_count for value in found.values()),
-            "texts_differ": sorted({t for _, texts in [*against_committed.values(), *pairs.values()] for t in texts}),
-        }
+        entry = measured(text, args.threads)
         report["runs"][text] = entry
-        print(json.dumps({text: entry["largest"], "texts_differ": entry["texts_differ"]}, indent=2))
+        report["largest"] = largest([run["largest"] for run in report["runs"].values()])
+        report["seconds"] = {"wall": round(time.perf_counter() - start, 1), "cpu": round(time.process_time(), 1)}
+        print(json.dumps({text: entry["largest"], "texts_differ": entry["texts_differ"]}, indent=2), flush=True)
         write_report(args.output, report)  # after each run: a stopped measurement keeps the runs it finished
 
 
