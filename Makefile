@@ -114,12 +114,17 @@ eval-perplexity-2048: setup
 
 # LongBench's answer likelihood alone (one prefill and one batched forward of every cell's answer per example) at
 # n = 120 on the paper's four budget points, in two runs that each fit 90 minutes on 2 cores (measured: 48-54 s an
-# example for all 33 cells on a loaded machine, so one run would not): keep 12.5% and 25%, then keep 50% and 75%.
-LIKELIHOOD := $(PY) -m evaluation longbench --tasks multi_news --n 120 --max-length 2048 --likelihood-only \
-	--presses full snapkv streaming_llm h2o tova rmm 'rmm(lag=64)' knorm random
+# example for all 33 cells on a loaded machine, so one run would not): keep 12.5% and 25%, then keep 50% and 75%;
+# then RMM's random-weight control (the correct share of rows weighted, chosen at random, seed 0) beside RMM and H2O
+# at keep 25% and 50%.
+LIKELIHOOD := $(PY) -m evaluation longbench --tasks multi_news --n 120 --max-length 2048 --likelihood-only
 eval-longbench-likelihood: setup
-	$(LIKELIHOOD) --ratios 0.875 0.75 --committed --output results/longbench/smollm2-135m-likelihood-low
-	$(LIKELIHOOD) --ratios 0.5 0.25 --committed --output results/longbench/smollm2-135m-likelihood-high
+	$(LIKELIHOOD) --presses full snapkv streaming_llm h2o tova rmm 'rmm(lag=64)' knorm random --ratios 0.875 0.75 \
+		--committed --output results/longbench/smollm2-135m-likelihood-low
+	$(LIKELIHOOD) --presses full snapkv streaming_llm h2o tova rmm 'rmm(lag=64)' knorm random --ratios 0.5 0.25 \
+		--committed --output results/longbench/smollm2-135m-likelihood-high
+	$(LIKELIHOOD) --presses full h2o rmm "rmm(correctness='random')" --ratios 0.75 0.5 \
+		--committed --output results/longbench/smollm2-135m-likelihood-random
 
 # One scorecard across every committed run (results/*/*/ but scorecard and bench): a table per benchmark,
 # bootstrap intervals, and win / tie / loss against H2O.
@@ -144,7 +149,8 @@ REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 res
 	results/memory/smollm2-135m:2 results/traces/smollm2-135m:3 \
 	results/probe/smollm2-135m:3 results/probe/smollm2-135m-middle:3 results/perplexity/smollm2-135m:1 \
 	results/ruler/smollm2-135m:2 results/needle/smollm2-135m:2 \
-	results/longbench/smollm2-135m-likelihood-low:1 results/longbench/smollm2-135m-likelihood-high:1
+	results/longbench/smollm2-135m-likelihood-low:1 results/longbench/smollm2-135m-likelihood-high:1 \
+	results/longbench/smollm2-135m-likelihood-random:1
 reproduce: setup
 	$(PY) -m evaluation reproduce $(REPRODUCED)
 

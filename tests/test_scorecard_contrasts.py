@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.cli.main import main
-from evaluation.protocols.longbench.protocol import LongBench
+from evaluation.protocols.longbench.protocol import RANDOM_CONTROL, LongBench
 from evaluation.reporting.scorecard import press_contrast_table, scores_frame
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +60,24 @@ def test_rmm_against_snapkv_is_a_win_and_against_streaming_llm_a_tie_on_both_met
     assert abs(lines["score", "rmm", "snapkv"]["diff"] - 20.0) < 1.0, "100 x mean: +0.2 is 20 points"
     assert abs(lines["answer NLL", "rmm", "snapkv"]["diff"] + 0.2) < 0.01, "a lower NLL, and a win"
     assert not {press for _, press, _ in lines} & {"h2o", "snapkv", "streaming_llm"}, "only rmm specs are set against"
+
+
+def test_rmm_against_its_random_weight_control_is_a_contrast_and_the_control_not_set_against_itself():
+    benchmark = LongBench.benchmark
+    control = [
+        row | {"press": RANDOM_CONTROL, "score": row["score"] - 0.2, "answer_nll": row["answer_nll"] + 0.2}
+        for row in longbench_rows()
+        if row["press"] == "snapkv"
+    ]
+    table = press_contrast_table(
+        scores_frame(benchmark, longbench_rows() + control), benchmark.press_contrasts, 2_000, 0
+    )
+    lines = {(line["metric"].name, line["press"], line["baseline"]): line for line in table.to_dict("records")}
+    assert len(lines) == 12, "both rmm specs against snapkv, streaming_llm and the control, on both metrics"
+    assert not [key for key in lines if key[1] == RANDOM_CONTROL], "the control is the baseline, never the press"
+    for metric in ("score", "answer NLL"):
+        line = lines[metric, "rmm", RANDOM_CONTROL]
+        assert (line["verdict"], line["n"]) == ("win", 40), "rmm = control + 0.4 on every example"
 
 
 def write_run(folder: Path, rows: list[dict], protocol: str, config: dict | None = None) -> Path:

@@ -398,17 +398,19 @@ def press_contrast_table(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
 ) -> pd.DataFrame:
-    """Per metric, condition and budget, every spec of each contrast's press that ran there against its baseline on
-    the examples both ran (``frame``: ``scores_frame``'s): both means over those pairs, the paired difference with
-    its interval, p-value and minimum detectable difference, the verdict as ``compare`` gives it (win: the press is
-    better, in the metric's direction) and one after Holm's correction over the metric's press contrasts."""
+    """Per metric, condition and budget, every spec of each contrast's press that ran there (but a spec that is itself
+    a baseline, as RMM's random-weight control is) against its baseline on the examples both ran (``frame``:
+    ``scores_frame``'s): both means over those pairs, the paired difference with its interval, p-value and minimum
+    detectable difference, the verdict as ``compare`` gives it (win: the press is better, in the metric's direction)
+    and one after Holm's correction over the metric's press contrasts."""
     keys = ["metric", "condition", "budget", "press"]
     cells = {key: group.set_index("example") for key, group in frame.groupby(keys, sort=False)}
+    baselines = {FULL_CACHE, *(contrast.baseline for contrast in contrasts)}
     lines = []
     for contrast in contrasts:
         for (metric, condition, budget, press), cell in cells.items():
             base = cells.get((metric, condition, budget, contrast.baseline))
-            if base is None or press == FULL_CACHE or plan_spec(press).name != contrast.press:
+            if base is None or press in baselines or plan_spec(press).name != contrast.press:
                 continue
             label = f"{condition}, {budget}, {press} against {contrast.baseline}"
             line = dict(zip(keys, (metric, condition, budget, press), strict=True)) | {"baseline": contrast.baseline}

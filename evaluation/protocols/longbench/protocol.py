@@ -32,8 +32,14 @@ def conditions(row: LongBenchRow) -> list[str]:
     return [row["task"]]
 
 
-# the paper's section 8: RMM (every spec of it that ran) against SnapKV and StreamingLLM at each budget
-SECTION_8 = (PressContrast("rmm", "snapkv"), PressContrast("rmm", "streaming_llm"))
+# the paper's section 8: RMM (every spec of it that ran) against SnapKV and StreamingLLM at each budget; and
+# against its random-weight control (issue 62: does correctness carry information beyond dropping rows?)
+RANDOM_CONTROL = "rmm(correctness='random')"
+SECTION_8 = (
+    PressContrast("rmm", "snapkv"),
+    PressContrast("rmm", "streaming_llm"),
+    PressContrast("rmm", RANDOM_CONTROL),
+)
 
 
 def check_line(path: Path, line: int, row: dict, task: object) -> None:
