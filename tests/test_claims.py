@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluation.protocols.longbench.protocol import RANDOM_CONTROL
 from evaluation.protocols.traces.policies import lag_control, seed_h2o
 from evaluation.protocols.traces.tova_claims import tova_claims
 from evaluation.reporting.intervals import paired
@@ -241,24 +242,28 @@ def likelihood_claims() -> list[str]:
 SAME_PRESSES = ("full", "h2o", "rmm")
 
 
-def random_control_differences() -> list[float]:
-    control = "rmm(correctness='random')"
+def random_control_contrasts() -> dict[str, dict]:
+    """RMM against its random-weight control, by budget (press_contrasts.csv)."""
     card = press_contrasts(LIKELIHOOD_RANDOM)
-    return [float(card["answer NLL", "multi_news", b, "rmm", control]["diff"]) for b in ("keep 25%", "keep 50%")]
+    assert {key[3] for key in card} == {"rmm"}
+    return {key[2]: line for key, line in card.items() if key[4] == RANDOM_CONTROL}
+
+
+def random_control_differences() -> list[float]:
+    contrast = random_control_contrasts()
+    return [float(contrast[budget]["diff"]) for budget in ("keep 25%", "keep 50%")]
 
 
 def random_control_claims() -> list[str]:
     """RMM against its random-weight control: RMM's and H2O's rows equal the budget runs' (one computation), and the
-    figures results/README.md and README quote."""
-    control = "rmm(correctness='random')"
-    contrast = {key[2]: line for key, line in press_contrasts(LIKELIHOOD_RANDOM).items() if key[4] == control}
-    assert {key[3] for key in press_contrasts(LIKELIHOOD_RANDOM)} == {"rmm"}
+    figures results/README.md quotes."""
+    contrast = random_control_contrasts()
     same = {(r["id"], r["press"], r["budget"]): r["answer_nll"] for r in rows(LIKELIHOOD_RANDOM)}
     budgets = {r["budget"] for r in rows(LIKELIHOOD_RANDOM)}
     earlier = [r for run in (LIKELIHOOD, LIKELIHOOD_HIGH) for r in rows(run) if r["budget"] in budgets]
     assert all(same[r["id"], r["press"], r["budget"]] == r["answer_nll"] for r in earlier if r["press"] in SAME_PRESSES)
-    diffs = [float(contrast[budget]["diff"]) for budget in ("keep 25%", "keep 50%")]
-    assert all(contrast[budget]["holm_verdict"] == "loss" for budget in ("keep 25%", "keep 50%"))
+    assert all(line["holm_verdict"] == "loss" for line in contrast.values())
+    diffs = random_control_differences()
     return [
         f"RMM's answer NLL\n  is {diffs[0]:.3f} and {diffs[1]:.3f} nats above its control's",
         f"at keep 25% p = {float(contrast['keep 25%']['p']):.3f} sits at the threshold",
