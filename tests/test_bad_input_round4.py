@@ -384,11 +384,26 @@ def test_a_spec_that_does_not_parse_is_refused_not_read_without_its_spaces(data,
     assert f"press spec {spec!r}" in one_line_error(capsys)
 
 
-@pytest.mark.parametrize("spec", ["snapkv(compression_ratio=0.3)", "snapkv(0.3)", "adakv(snapkv(compression_ratio=0))"])
-def test_a_spec_that_sets_the_compression_ratio_the_budget_sets_is_refused(data, tmp_path, capsys, spec):
-    """Every cell sets the ratio from its budget: the spec's would be overwritten under a name that states it."""
+@pytest.mark.parametrize(
+    ("spec", "parameter"),
+    [
+        ("snapkv(compression_ratio=0.3)", "compression_ratio"),
+        ("snapkv(0.3)", "compression_ratio"),
+        ("adakv(snapkv(compression_ratio=0))", "compression_ratio"),
+        ("think(key_channel_compression_ratio=0.5)", "key_channel_compression_ratio"),
+        ("think(0.5)", "key_channel_compression_ratio"),
+        ("composed([snapkv, think(key_channel_compression_ratio=0.2)])", "key_channel_compression_ratio"),
+        ("duo_attention(head_compression_ratio=0.3)", "head_compression_ratio"),
+        ("decoding(knorm, target_size=100)", "target_size"),
+        ("prefill_decoding(knorm, decoding(knorm, target_size=100))", "target_size"),
+        ("CompressionRatioDecodingPress(knorm, target_compression_ratio=0.5)", "target_compression_ratio"),
+    ],
+)
+def test_a_spec_that_sets_what_the_budget_sets_is_refused(data, tmp_path, capsys, spec, parameter):
+    """Every cell sets the ratio (or a press's own ratio, or a decoding press's target) from its budget: the spec's
+    would be overwritten under a name that states it."""
     assert main([*longbench_argv(data, tmp_path / "run", "--presses", "full", spec), "--dry-run"]) == 2
-    assert "compression_ratio is the budget's to set" in one_line_error(capsys)
+    assert f"{parameter} is the budget's to set" in one_line_error(capsys)
 
 
 def test_duplicates_in_a_config_file_and_on_the_command_line_run_once(data, tmp_path, capsys):

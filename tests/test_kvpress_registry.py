@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+import torch
 from kvpress import (
     AdaKVPress,
     BlockPress,
@@ -110,6 +111,15 @@ REGISTRY = {
     "merging_kvzap_mlp": lambda: MergingPress(KVzapPress(model_type="mlp")),
 }
 RATIO = 0.375
+SEEDED_HERE = {"random": 0}  # KVPress's registry leaves RandomPress unseeded; here it draws from seed 0
+
+
+def kvpress_registry(name: str) -> object:
+    """What KVPress's registry builds for ``name``, with the seed this project gives a press that draws unseeded."""
+    press = REGISTRY[name]()
+    if name in SEEDED_HERE:
+        press.seed = SEEDED_HERE[name]
+    return press
 
 
 def kvpress_setup(press: object, ratio: float) -> object:
@@ -155,12 +165,12 @@ def test_the_table_has_every_name_of_kvpress_registry():
 
 @pytest.mark.parametrize("name", REGISTRY)
 def test_each_registry_name_builds_what_kvpress_registry_builds_offline(name, offline):
-    assert same_press(make_press(name), REGISTRY[name]())
+    assert same_press(make_press(name), kvpress_registry(name))
 
 
 @pytest.mark.parametrize("name", [name for name in REGISTRY if not name.startswith("kvzap_") or "mlp_" in name])
 def test_each_registry_name_takes_the_ratio_kvpress_evaluation_sets(name):
-    assert same_press(make_press(name, RATIO), kvpress_setup(REGISTRY[name](), RATIO))
+    assert same_press(make_press(name, RATIO), kvpress_setup(kvpress_registry(name), RATIO))
 
 
 @pytest.mark.parametrize("name", ["kvzap_linear", "kvzap_mlp"])
@@ -191,3 +201,17 @@ def test_a_class_name_takes_parameters_where_the_registry_name_is_a_construction
     assert same_press(make_press("ExpectedAttentionPress(epsilon=0.1)"), ExpectedAttentionPress(epsilon=0.1))
     assert same_press(make_press("ChunkKVPress(knorm, chunk_length=8)"), ChunkKVPress(KnormPress(), chunk_length=8))
     assert same_press(make_press("duo_attention(on_the_fly_scoring=True)"), REGISTRY["duo_attention_on_the_fly"]())
+
+
+def test_random_draws_from_its_own_seed_not_the_process_generator():
+    keys = torch.randn(1, 2, 16, 4)
+    drawn = []
+    for state in (0, 1):
+        torch.manual_seed(state)  # what ran before the cell in its process
+        drawn.append(make_press("random", RATIO).score(None, None, keys, keys, None, {}))
+    assert torch.equal(drawn[0], drawn[1])
+    assert torch.equal(drawn[0], RandomPress(RATIO, seed=0).score(None, None, keys, keys, None, {}))
+    assert not torch.equal(drawn[0], make_press("random(seed=1)", RATIO).score(None, None, keys, keys, None, {}))
+    assert make_press("adakv(random)").press.seed == 0 and make_press("RandomPress(0.0, 3)").seed == 3
+    with pytest.raises(EvaluationError, match="build the same press"):
+        resolve_presses(["random", "random(seed=0)"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from evaluation.catalogue.budgets import Cell, parse_budgets
@@ -40,7 +39,6 @@ def forwards_and_nlls(model, tokenizer, case, likelihood_only: bool) -> tuple[in
     budget = parse_budgets([0.5], None)[0]
     grid = [Cell(resolve_press(press), None if press == "full" else budget) for press in PRESSES]
     calls = []
-    torch.manual_seed(0)  # the random press's draw
     hook = language_model(model).register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         rows = list(cells.run_cells(model, tokenizer, Settings(ModelSettings(), likelihood_only), case, grid))

@@ -1,11 +1,14 @@
 """The press classes: the one module that names and imports them, and what each declares of itself.
 
 Names. Every name of ``PRESS_REGISTRY`` in KVPress's ``evaluation/evaluate_registry.py`` builds what that registry
-builds, the same class with the same parameters (so the ``repr`` is equal), with one exception: ``tova`` is this
-project's ``presses.TOVAPress``; KVPress's ``TOVAPress`` is ``kvpress_tova`` (and ``cam_tova`` and
-``decoding_tova`` hold KVPress's, as its registry builds them). ``CLASSES`` names one press class; it takes
-parameters (``snapkv(window_size=32)``) and wraps other specs (``adakv(snapkv)``). Every class KVPress exports is a
-name too (``KnormPress``). The registry's constructions of several classes are specs (``specs.COMPOSITES``).
+builds, the same class with the same parameters (so the ``repr`` is equal), with two exceptions. ``tova`` is this
+project's ``presses.TOVAPress``; KVPress's ``TOVAPress`` is ``kvpress_tova`` (and ``cam_tova`` and ``decoding_tova``
+hold KVPress's, as its registry builds them). And a press that draws from torch's process generator unless it is
+given a seed (``SEEDED``: ``RandomPress``) is given ``PRESS_SEED`` where its spec gives none (``seeded``), so that a
+cell's draws do not depend on what ran before it in the process (other cells, a resumed run's order): ``random`` is
+``RandomPress(seed=0)``, and ``random(seed=1)`` another draw. ``CLASSES`` names one press class; it takes parameters
+(``snapkv(window_size=32)``) and wraps other specs (``adakv(snapkv)``). Every class KVPress exports is a name too
+(``KnormPress``). The registry's constructions of several classes are specs (``specs.COMPOSITES``).
 
 Declarations. A prefill press prunes each layer's cache after that layer's attention, from that layer's inputs:
 its hidden states, the rotary embeddings, the layer's keys and values and, under eager attention, the attention
@@ -226,6 +229,22 @@ def declared(press: BasePress) -> Declared:
     return Declared(path=path, weights=base.weights, refusal=base.refusal)
 
 
+SEEDED: dict[type, str] = {k.RandomPress: "seed"}  # each press class that draws unless seeded, and its seed's name
+PRESS_SEED = 0
+
+
+def seeded(cls: type, args: tuple, kwargs: dict) -> dict:
+    """``kwargs``, with ``PRESS_SEED`` as the seed of a ``SEEDED`` press class whose arguments give none (or None)."""
+    name = next((name for seeded_class, name in SEEDED.items() if issubclass(cls, seeded_class)), None)
+    if name is None:
+        return kwargs
+    try:
+        given = inspect.signature(cls).bind_partial(*args, **kwargs).arguments
+    except TypeError:  # arguments its constructor refuses, in its own words, when it is built
+        return kwargs
+    return kwargs if given.get(name) is not None else {**kwargs, name: PRESS_SEED}
+
+
 def declared_refusal(cls: type) -> str:
     """Why a press class cannot run on these protocols at all, as declared ("" when it can)."""
     declaration = DECLARATIONS.get(cls)
@@ -249,19 +268,35 @@ def commit_lag(press: BasePress | None) -> int | None:
     return next((lag for lag in lags if lag is not None), None)
 
 
+BUDGET_PARAMETERS: dict[type, str] = {  # where a cell's budget goes, in place of ``compression_ratio``
+    k.CompressionRatioDecodingPress: "target_compression_ratio",
+    k.DecodingPress: "target_size",
+    k.ThinKPress: "key_channel_compression_ratio",
+    k.DuoAttentionPress: "head_compression_ratio",
+}
+
+
+def budget_parameters(cls: type) -> tuple[str, ...]:
+    """The parameters of ``cls`` that a cell's budget sets (``set_ratio``), so that no spec may give them."""
+    own = next((name for held, name in BUDGET_PARAMETERS.items() if issubclass(cls, held)), None)
+    return ("compression_ratio",) if own is None else ("compression_ratio", own)
+
+
 def set_ratio(press: BasePress, compression_ratio: float, length: int | None = None) -> None:
     """Set ``press`` to evict ``compression_ratio`` of a ``length``-token context, as KVPress's evaluation sets it.
 
     A decoding press keeps what the budget keeps of the context while the answer is generated: a
     ``DecodingPress`` (``CAMPress``) compresses to ``target_size`` = int(length x (1 - ratio)) positions (left as
     built while ``length`` is unknown), a ``CompressionRatioDecodingPress`` to the ratio itself, and a
-    ``PrefillDecodingPress`` gives the budget to both its presses.
+    ``PrefillDecodingPress`` gives the budget to both its presses. ``ThinKPress`` and ``DuoAttentionPress`` take it
+    as the ratio they have instead (``BUDGET_PARAMETERS``).
 
     Raises
     ------
     EvaluationError
         One line, for a press no ratio can set: a press with no ``compression_ratio`` or one it refuses.
     """
+    own = budget_parameters(type(press))[-1]
     if isinstance(press, k.ComposedPress):
         for held in press.presses:
             set_ratio(held, compression_ratio, length)
@@ -269,15 +304,11 @@ def set_ratio(press: BasePress, compression_ratio: float, length: int | None = N
         for part in (press.prefilling_press, press.decoding_press):
             if part is not None:
                 set_ratio(part, compression_ratio, length)
-    elif isinstance(press, k.CompressionRatioDecodingPress):
-        press.target_compression_ratio = compression_ratio
-    elif isinstance(press, k.DecodingPress):
+    elif own == "target_size":
         if length is not None:
             press.target_size = max(1, int(length * (1 - compression_ratio)))
-    elif isinstance(press, k.ThinKPress):
-        press.key_channel_compression_ratio = compression_ratio
-    elif isinstance(press, k.DuoAttentionPress):
-        press.head_compression_ratio = compression_ratio
+    elif own != "compression_ratio":
+        setattr(press, own, compression_ratio)
     elif not isinstance(press, k.DMSPress):  # a threshold, not a ratio, sets its size: left as built
         if "compression_ratio" not in dir(press):  # dir, not hasattr: some getters assert a forward has run
             raise EvaluationError(f"{type(press).__name__} has no compression_ratio for the budget to set")

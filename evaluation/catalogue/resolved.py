@@ -30,17 +30,18 @@ from evaluation.catalogue.registry import (
     PRESS_CLASSES,
     REFUSED,
     SHARED,
+    budget_parameters,
     commit_lag,
     compresses_while_decoding,
     declared_refusal,
     press_class,
+    seeded,
     set_ratio,
 )
 from evaluation.catalogue.specs import FULL_CACHE, PressCall, canonical, import_paths, is_import_path, plan_spec
 from evaluation.errors import EvaluationError, first_line
 
 CHECKED_RATIO = 0.5  # the compression ratio a spec's press is built at when it is resolved
-BUDGET_SETS = "compression_ratio"  # a press parameter a run's budget sets (``set_ratio``), never its press specs
 DESCRIPTIONS = {
     SHARED: "shared prefill: its own hook on the stored inputs",
     OWN_PREFILL: "its own prefill",
@@ -97,7 +98,7 @@ def _blueprint(value: object, spec: str, allow_import: bool, dry_run: bool) -> o
     if cls is None:
         return Pending(value.name)
     check_arguments(cls, _as_checked(args), {name: _as_checked(item) for name, item in kwargs.items()}, spec)
-    return Blueprint(cls, args, kwargs)
+    return Blueprint(cls, args, seeded(cls, args, kwargs))
 
 
 def _build_known(value: object, label: str) -> None:
@@ -121,17 +122,19 @@ def _holds_pending(value: object) -> bool:
     return isinstance(value, Pending)
 
 
-def _sets_ratio(value: object) -> bool:
-    """Whether a blueprint, or a press it holds, is given ``BUDGET_SETS`` (by name or by position)."""
+def _budget_set(value: object) -> str:
+    """The parameter a cell's budget sets (``registry.budget_parameters``) that a blueprint, or a press it holds, is
+    given (by name or by position); "" when none."""
     if isinstance(value, (list, tuple)):
-        return any(map(_sets_ratio, value))
+        return next((name for name in map(_budget_set, value) if name), "")
     if not isinstance(value, Blueprint):
-        return False
+        return ""
     try:
         given = inspect.signature(value.cls).bind_partial(*value.args, **value.kwargs).arguments
     except (TypeError, ValueError):  # arguments its constructor refuses, in its own words, when it is built
         given = {}
-    return BUDGET_SETS in given or _sets_ratio(value.args) or _sets_ratio(list(value.kwargs.values()))
+    own = next((name for name in budget_parameters(value.cls) if name in given), "")
+    return own or _budget_set(value.args) or _budget_set(list(value.kwargs.values()))
 
 
 def _as_checked(value: object) -> object:
@@ -249,9 +252,9 @@ def resolve_presses(
     Raises
     ------
     EvaluationError
-        One line, for a spec that is not a press, an import path not allowed, a spec that sets the compression
-        ratio a run's budget sets, a press these protocols cannot run, one whose files do not exist for ``model``,
-        or two specs that build the same press.
+        One line, for a spec that is not a press, an import path not allowed, a spec that sets a parameter a
+        run's budget sets (``registry.budget_parameters``), a press these protocols cannot run, one whose files do
+        not exist for ``model``, or two specs that build the same press.
     """
     resolved = []
     for spec in specs:
@@ -259,9 +262,10 @@ def resolve_presses(
         if refusal:
             raise EvaluationError(f"press spec {spec!r}: {refusal}")
         press = resolve_press(spec, allow_import, dry_run)
-        if _sets_ratio(press.blueprint):
+        budget_set = _budget_set(press.blueprint)
+        if budget_set:
             raise EvaluationError(
-                f"press spec {press.label!r}: {BUDGET_SETS} is the budget's to set (a run sets it per cell from "
+                f"press spec {press.label!r}: {budget_set} is the budget's to set (a run sets it per cell from "
                 "--ratios or --budgets, as KVPress's evaluation does, or holds its budget in tokens), so the spec's "
                 "would not be the one run: leave it out"
             )
