@@ -31,12 +31,24 @@ ROOT = Path(__file__).resolve().parents[1]
 CONVERT = "from evaluation.runs.models import resolve_model_path; resolve_model_path('smollm2-135m')"
 RUNS = ("make eval-longbench", "make eval-locomo")
 QUIET = 0.5  # the largest load average before a step at which the machine counts as quiet
+SETTLE_SECONDS = 600  # the longest wait for the load a step leaves behind to settle before the next one
 WARM_MEGABYTES = 500  # pip's cache holding the stack's wheels (torch alone is about 200 MB on CPU)
 
 
+def settled() -> float:
+    """Seconds waited (at most ``SETTLE_SECONDS``) for the one-minute load average to fall below ``QUIET``: the load
+    a step leaves behind decays over about a minute, and would otherwise count as another load on the next step."""
+    started = time.monotonic()
+    while os.getloadavg()[0] >= QUIET and time.monotonic() - started < SETTLE_SECONDS:
+        time.sleep(5)
+    return round(time.monotonic() - started, 1)
+
+
 def timed(command: list[str], folder: Path, environment: dict[str, str]) -> dict:
-    """Run ``command`` in ``folder`` and return its wall and CPU seconds, the load average before it and, for a
-    harness run, the plan its progress states first (what was run: examples, cells, tokens to decode)."""
+    """Run ``command`` in ``folder``, once the load has settled, and return its wall and CPU seconds, the wait and
+    the load average before it and, for a harness run, the plan its progress states first (what was run: examples,
+    cells, tokens to decode)."""
+    waited = settled()
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
@@ -53,6 +65,7 @@ def timed(command: list[str], folder: Path, environment: dict[str, str]) -> dict
         "wall_seconds": round(wall, 1),
         "user_seconds": round(after.ru_utime - before.ru_utime, 1),
         "sys_seconds": round(after.ru_stime - before.ru_stime, 1),
+        "settle_seconds": waited,
         "load_average_before": round(load, 2),
         **({"plan": plan} if plan else {}),
     }
@@ -109,7 +122,8 @@ def main() -> int:
             print(f"clone kept: {work / 'clone'}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    quiet = all(step["load_average_before"] < QUIET for step in [measured["setup"], *measured["runs"]])
+    steps = [measured["setup"], measured["conversion"], *measured["runs"]]
+    quiet = all(step["load_average_before"] < QUIET for step in steps)
     megabytes = measured["setup"]["pip_cache_before"]["megabytes"]
     report = {
         "what": "README's first commands timed on a fresh clone (make setup, the default model's one-time "
