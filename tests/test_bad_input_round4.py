@@ -213,6 +213,17 @@ def test_an_output_folder_that_is_no_run_is_refused_and_left_as_it_was(data, tmp
     assert snapshot(folder) == before
 
 
+def test_a_folder_whose_run_json_is_no_run_of_this_harness_is_refused_before_its_lock_is_made(data, tmp_path, capsys):
+    folder = tmp_path / "other-tool"
+    folder.mkdir()
+    (folder / "run.json").write_text('{"name": "another tool\'s run"}')
+    (folder / "progress.log").write_text("the user's log\n")
+    before = snapshot(folder)
+    assert main(longbench_argv(data, folder)) == 2
+    assert f"{folder / 'run.json'} is damaged (no settings)" in one_line_error(capsys)
+    assert snapshot(folder) == before
+
+
 def test_an_empty_folder_or_one_a_crash_left_before_its_run_json_is_a_run_folder(data, tmp_path, capsys):
     for name, held in (("empty", []), ("crashed", [".lock", ".run-0123456789ab.json"])):
         folder = tmp_path / name
@@ -423,6 +434,16 @@ def test_texts_named_twice_stream_once(tmp_path, capsys):
     assert main([*argv, "--output", str(tmp_path / "run"), "--dry-run"]) == 0
     out, err = capsys.readouterr()
     assert f"--text-file names {text} more than once" in err and "Perplexity: 1 texts x 16 tokens" in out
+
+
+def test_one_text_file_under_two_names_is_refused(tmp_path, capsys):
+    text = tmp_path / "a.txt"
+    text.write_text("words " * 100)
+    for name, link in (("soft.txt", os.symlink), ("hard.txt", os.link)):
+        link(text, tmp_path / name)
+        argv = ["perplexity", "--texts", "--text-file", str(text), str(tmp_path / name), "--presses", "full"]
+        assert main([*argv, "--length", "16", "--output", str(tmp_path / "run"), "--dry-run"]) == 2
+        assert f"--text-file {tmp_path / name} is {text}, given before" in one_line_error(capsys)
 
 
 # 5. Text a user gives, large inputs, bounds, perplexity's failed cells.

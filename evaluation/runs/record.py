@@ -82,6 +82,8 @@ class RunRecord:
         self.path = output / "run.json"
         refuse_links(output, RUN_FILES)
         refuse_foreign(output)
+        if self.path.exists():
+            read_record(self.path)  # another tool's run.json, or a damaged one, is refused before the lock is made
         try:
             output.mkdir(parents=True, exist_ok=True)
             self.lock = append_only(output / ".lock")

@@ -111,15 +111,25 @@ def unit_name(cells: list[Cell]) -> str:
     return f"{cells[0].label} @ {budget}" if len(cells) == 1 else f"{len(cells)} presses @ {budget}"
 
 
-def text_sources(config: PerplexityConfig) -> list[tuple[str, Path]]:
-    """Each text's name and the file it comes from."""
-    sources = [(spec, source_file(spec, config.data_root)) for spec in config.texts]
+def own_texts(config: PerplexityConfig) -> list[tuple[str, Path]]:
+    """Each ``--text-file``'s name and path: a file, given once (another name of one given before, a link or a
+    second path, is an error: its text would be tallied twice)."""
+    sources: list[tuple[str, Path]] = []
     for given in config.text_files:
         path = Path(given)
         if not path.is_file():  # nor a folder, a pipe (whose read would wait) or a device
             why = "is not a file (a folder, a pipe or a device)" if path.exists() else "not found"
             raise EvaluationError(f"--text-file {given} {why}: give a UTF-8 text file")
+        same = next((earlier for _, earlier in sources if path.samefile(earlier)), None)
+        if same is not None:
+            raise EvaluationError(f"--text-file {given} is {same}, given before (a link or another path): give it once")
         sources.append((f"file:{path.name}", path))
+    return sources
+
+
+def text_sources(config: PerplexityConfig) -> list[tuple[str, Path]]:
+    """Each text's name and the file it comes from."""
+    sources = [(spec, source_file(spec, config.data_root)) for spec in config.texts] + own_texts(config)
     names = [name for name, _ in sources]
     if len(set(names)) != len(names):
         raise EvaluationError(f"texts named twice in {names}: give each text once (files by distinct names)")
@@ -155,6 +165,7 @@ def text_file(path: Path, length: int) -> str:
 
 def dry_run(protocol: Perplexity, config: PerplexityConfig) -> str:
     presses, streamed_as = checked_presses(config, dry_run=True)
+    own_texts(config)
     grid = cells(presses, config.budgets)
     streamed = [cell for cell in grid if not cell.refusal]
     texts = len(config.texts) + len(config.text_files)
