@@ -148,7 +148,7 @@ def test_a_model_folder_that_needs_its_own_code_is_one_line_and_no_prompt(
     folder, marker = remote_code_model
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))  # `echo y |`: nothing asks, so nothing reads it
     assert main(longbench_argv(data, tmp_path / "run", model=str(folder))) == 2
-    assert "exist only as the folder's own Python code (auto_map)" in one_line_error(capsys)
+    assert "only as the folder's own Python code (auto_map)" in one_line_error(capsys)
     with pytest.raises(EvaluationError, match="never runs"):
         load_model(str(folder))
     assert not marker.exists() and sys.stdin.read() == "y\n"
@@ -434,6 +434,14 @@ def test_texts_named_twice_stream_once(tmp_path, capsys):
     assert main([*argv, "--output", str(tmp_path / "run"), "--dry-run"]) == 0
     out, err = capsys.readouterr()
     assert f"--text-file names {text} more than once" in err and "Perplexity: 1 texts x 16 tokens" in out
+
+
+def test_lengths_and_depths_named_twice_run_once(tmp_path, capsys):
+    argv = ["needle", "--lengths", "1024", "1024", "--depths", "50", "50", "--presses", "full"]
+    assert main([*argv, "--output", str(tmp_path / "r"), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "--lengths names 1024 more than once" in err and "--depths names 50 more than once" in err
+    assert "1 examples x 1 cells" in out
 
 
 def test_one_text_file_under_two_names_is_refused(tmp_path, capsys):

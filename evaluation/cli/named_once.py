@@ -1,6 +1,6 @@
-"""What a run is asked to run, each once: a press, task, text or conversation named twice (on the command line, in a
-``--config`` file, or both) runs once, with a note. Press specs arrive canonical (``evaluation.catalogue.specs``),
-so two spellings of one press are one name here."""
+"""What a run is asked to run, each once: a press, task, text, conversation, length or depth named twice (on the
+command line, in a ``--config`` file, or both) runs once, with a note. Press specs arrive canonical
+(``evaluation.catalogue.specs``), so two spellings of one press are one name here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ NAMED = {
     "texts": "--texts",
     "text_file": "--text-file",
     "conversations": "--conversations",
+    "lengths": "--lengths",
+    "depths": "--depths",
 }
 
 

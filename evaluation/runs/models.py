@@ -185,8 +185,8 @@ def refuse_remote_code(path: str) -> None:
         needs.append(f"tokenizer_config.json's tokenizer_class {named!r}")
     if needs:
         raise EvaluationError(
-            f"--model {path}: {' and '.join(needs)} exist only as the folder's own Python code (auto_map), which "
-            "this harness never runs: use a model transformers supports itself"
+            f"--model {path}: {' and '.join(needs)} exist{'s' if len(needs) == 1 else ''} only as the folder's own "
+            "Python code (auto_map), which this harness never runs: use a model transformers supports itself"
         )
 
 
