@@ -147,8 +147,17 @@ def test_a_model_folder_that_needs_its_own_code_is_one_line_and_no_prompt(
 ):
     folder, marker = remote_code_model
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))  # `echo y |`: nothing asks, so nothing reads it
-    assert main(longbench_argv(data, tmp_path / "run", model=str(folder))) == 2
-    assert "only as the folder's own Python code (auto_map)" in one_line_error(capsys)
+    for dry_run in ([], ["--dry-run"]):
+        assert main([*longbench_argv(data, tmp_path / "run", model=str(folder)), *dry_run]) == 2
+        assert "only as the folder's own Python code (auto_map)" in one_line_error(capsys)
+    tokenizer_only = tmp_path / "tokenizer-only"
+    tokenizer_only.mkdir()
+    (tokenizer_only / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tokenizer_only / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "KvetTokenizer", "auto_map": {"AutoTokenizer": ["tok.KvetTokenizer", None]}})
+    )
+    assert main([*longbench_argv(data, tmp_path / "run", model=str(tokenizer_only)), "--dry-run"]) == 2
+    assert "tokenizer_class 'KvetTokenizer' exists only" in one_line_error(capsys)
     with pytest.raises(EvaluationError, match="never runs"):
         load_model(str(folder))
     assert not marker.exists() and sys.stdin.read() == "y\n"

@@ -28,7 +28,7 @@ from evaluation.reporting import DEFAULT_RESAMPLES, DEFAULT_SEED
 from evaluation.reporting.rescoring import Rescoring
 from evaluation.runs.backends import Backend
 from evaluation.runs.files import COMMITTED_FLAG, refuse_committed
-from evaluation.runs.models import SMOLLM2_ALIAS, ModelSettings
+from evaluation.runs.models import SMOLLM2_ALIAS, ModelSettings, refuse_remote_code
 from evaluation.runs.numerics import machine_threads
 from evaluation.runs.terminal import quiet_libraries
 
@@ -112,7 +112,9 @@ def run_protocol(args: argparse.Namespace) -> int:
     protocol: Protocol = args.protocol
     named_once(args)
     model = model_settings(args)
-    if not args.dry_run:  # a dry run plans a GPU machine's run on any machine; a Ray driver plans its workers'
+    if args.dry_run:  # a dry run plans a GPU machine's run on any machine, so it checks no device
+        refuse_remote_code(model.name)
+    else:  # a Ray driver plans its workers'
         model.check(here=args.backend == "local")
     output = args.output or SCRATCH / protocol.name / Path(args.model).name
     backend = Backend(args.backend, args.ray_address, args.workers, args.retries)
