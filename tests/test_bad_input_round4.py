@@ -34,6 +34,7 @@ from evaluation.protocols.shipped import protocols
 from evaluation.protocols.single_turn.config import SingleTurnConfig
 from evaluation.protocols.single_turn.examples import case_of, first_answer
 from evaluation.protocols.texts import text_tokens
+from evaluation.runs import record
 from evaluation.runs.models import ModelSettings, byte_tokenizer, load_model
 from evaluation.runs.store import ResultStore
 from tests.helpers import CHAT_TEMPLATE, saved_chat_model, without_progress
@@ -272,6 +273,23 @@ def test_an_export_into_results_needs_the_committed_flag(tmp_path, capsys):
     argv = ["ruler", "--tasks", "niah_single_1", "--lengths", "1024", "--n", "1", "--output", str(tmp_path / "r")]
     assert main([*argv, "--export", str(ROOT / "results" / "ruler" / "examples.parquet"), "--dry-run"]) == 2
     assert "--export " in one_line_error(capsys) and not (ROOT / "results" / "ruler" / "examples.parquet").exists()
+
+
+def test_a_committed_run_from_a_checkout_with_changes_is_refused_before_anything_runs(data, capsys, monkeypatch):
+    """A committed run records the clean commit it was made from: changes outside its own folder (another run's
+    uncommitted output among them) are one line before any work, so a run is never made to be thrown away."""
+    asked = []
+    monkeypatch.setattr(record, "git_commit", lambda own: asked.append(own) or "0123abc-dirty")
+    output = ROOT / "results" / "longbench" / "kvet-test-unclean"
+    try:
+        assert main(longbench_argv(data, output, "--committed")) == 2
+        assert "has changes outside that folder" in one_line_error(capsys)
+        assert asked == [output] and not output.exists()
+        monkeypatch.setattr(record, "git_commit", lambda own: "0123abc")
+        assert main(longbench_argv(data, output, "--committed", "--tasks", "nope")) == 2
+        assert "has changes outside" not in one_line_error(capsys) and not output.exists()
+    finally:  # a refusal that failed must leave nothing among the committed runs
+        shutil.rmtree(output, ignore_errors=True)
 
 
 # 3. The prompt budget.

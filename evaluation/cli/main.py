@@ -30,6 +30,7 @@ from evaluation.runs.backends import Backend
 from evaluation.runs.files import COMMITTED_FLAG, refuse_committed
 from evaluation.runs.models import SMOLLM2_ALIAS, ModelSettings, refuse_remote_code
 from evaluation.runs.numerics import machine_threads
+from evaluation.runs.record import refuse_unclean
 from evaluation.runs.terminal import quiet_libraries
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -259,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             written = getattr(args, flag.removeprefix("--"), None)
             if written is not None:
                 refuse_committed(Path(written), args.committed, flag)
+                if args.committed and not getattr(args, "dry_run", False):
+                    refuse_unclean(Path(written), flag)
         quiet_libraries()
         return args.act(args) if hasattr(args, "act") else run_protocol(args)
     except EvaluationError as error:  # one line, whatever a message quotes (an inner error's text may hold several)

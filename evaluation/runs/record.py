@@ -49,6 +49,17 @@ def git_commit(own_output: Path | None = None) -> str | None:
     return commit.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
 
 
+def refuse_unclean(path: Path, flag: str = "--output") -> None:
+    """A committed run or scorecard (``--committed``) is made from a clean commit: a checkout with changes outside
+    ``path``, its own folder (another run's uncommitted output among them), is an error before anything runs."""
+    commit = git_commit(path)
+    if commit is not None and commit.endswith("-dirty"):
+        raise EvaluationError(
+            f"{flag} {path} with --committed: this checkout has changes outside that folder (git status lists them), "
+            "and a committed run records the clean commit it was made from: commit or remove them first"
+        )
+
+
 def fingerprint(*paths: Path) -> dict[str, str]:
     """The sha256 of each data file a run reads, by file name: a resumed run must read the same data."""
     digests = {}
