@@ -233,16 +233,22 @@ SEEDED: dict[type, str] = {k.RandomPress: "seed"}  # each press class that draws
 PRESS_SEED = 0
 
 
+def given_arguments(cls: type, args: tuple, kwargs: dict) -> dict | None:
+    """The parameters of ``cls`` that ``args`` and ``kwargs`` give, by name (positions bound to their names); None
+    for arguments its constructor refuses (in its own words, when it is built) or a signature it hides."""
+    try:
+        return dict(inspect.signature(cls).bind_partial(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return None
+
+
 def seeded(cls: type, args: tuple, kwargs: dict) -> dict:
     """``kwargs``, with ``PRESS_SEED`` as the seed of a ``SEEDED`` press class whose arguments give none (or None)."""
     name = next((name for seeded_class, name in SEEDED.items() if issubclass(cls, seeded_class)), None)
-    if name is None:
+    given = None if name is None else given_arguments(cls, args, kwargs)
+    if given is None or given.get(name) is not None:
         return kwargs
-    try:
-        given = inspect.signature(cls).bind_partial(*args, **kwargs).arguments
-    except TypeError:  # arguments its constructor refuses, in its own words, when it is built
-        return kwargs
-    return kwargs if given.get(name) is not None else {**kwargs, name: PRESS_SEED}
+    return {**kwargs, name: PRESS_SEED}
 
 
 def declared_refusal(cls: type) -> str:

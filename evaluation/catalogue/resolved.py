@@ -34,6 +34,7 @@ from evaluation.catalogue.registry import (
     commit_lag,
     compresses_while_decoding,
     declared_refusal,
+    given_arguments,
     press_class,
     seeded,
     set_ratio,
@@ -129,10 +130,7 @@ def _budget_set(value: object) -> str:
         return next((name for name in map(_budget_set, value) if name), "")
     if not isinstance(value, Blueprint):
         return ""
-    try:
-        given = inspect.signature(value.cls).bind_partial(*value.args, **value.kwargs).arguments
-    except (TypeError, ValueError):  # arguments its constructor refuses, in its own words, when it is built
-        given = {}
+    given = given_arguments(value.cls, value.args, value.kwargs) or {}
     own = next((name for name in budget_parameters(value.cls) if name in given), "")
     return own or _budget_set(value.args) or _budget_set(list(value.kwargs.values()))
 
