@@ -272,6 +272,26 @@ def test_an_error_that_is_no_refusal_stops_the_run_loudly_and_the_rerun_resumes(
     assert not sessions[0]["finished"] and sessions[1]["units_run"] == 3, "2 tasks x 2 examples, 1 done before"
 
 
+def test_a_session_cut_off_keeps_the_time_of_the_units_it_finished(model_dir, data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """A session that never reaches its end (killed; here interrupted in its second example) has recorded each
+    finished example's seconds and its wall time so far in run.json as each finished."""
+    import evaluation.engine.serving as runner
+
+    output, calls, decode = tmp_path / "run", [], runner.decode_batch_forced
+
+    def interrupted_in_the_second_example(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "decode_batch_forced", interrupted_in_the_second_example)
+    assert longbench(model_dir, data_dir, output) == 130
+    session = json.loads((output / "run.json").read_text())["sessions"][0]
+    assert not session["finished"] and session["units_run"] == 1 and len(session["unit_seconds"]) == 1
+    assert session["wall_seconds"] >= next(iter(session["unit_seconds"].values())) > 0
+
+
 def test_an_eager_prefill_that_would_not_fit_is_refused_before_it_runs(monkeypatch):
     """H2O's eager weights over a long prompt on a machine without the memory: refused with the length and the
     bytes, before anything is computed (``MemoryRefusal``: the run stops, no row is stored; tests/test_cell_errors.py

@@ -31,7 +31,7 @@ def run(protocol: Protocol, config, backend: Backend = LOCAL) -> Path:
         store = ResultStore(config.output / "predictions.jsonl", protocol.row_key)
         incomplete = partial(lacks, fields=protocol.likelihood)  # older rows without the answer's likelihood
         progress.say(f"{protocol.name} into {config.output}: {plan_line(plan, store)}")
-        outcome = run_units(plan.units, plan.work, config.model, store, backend, incomplete)
+        outcome = run_units(plan.units, plan.work, config.model, store, backend, incomplete, record.unit_done)
         started = time.monotonic()
         progress.say(f"writing the scorecard of {len(store.rows)} rows")
         protocol.write_scorecard(config, store.rows)

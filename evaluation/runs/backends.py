@@ -58,6 +58,7 @@ LOCAL = Backend()
 
 Work = Callable[[Any, Unit, ResultStore], None]
 Incomplete = Callable[[dict], bool]  # a stored row the unit's work completes
+UnitDone = Callable[[str, float], None]  # told each finished unit's name and seconds, as it finishes
 
 
 def complete_nothing(row: dict) -> bool:
@@ -87,9 +88,10 @@ def run_units(
     store: ResultStore,
     backend: Backend,
     incomplete: Incomplete = complete_nothing,
+    on_unit: UnitDone | None = None,
 ) -> Outcome:
     """Run every unit that still lacks a result or holds an ``incomplete`` one, with ``model`` loaded once per
-    process."""
+    process; ``on_unit`` is told each unit's seconds as it finishes."""
     todo = [unit for unit in units if pending(unit, store, incomplete)]
     if not todo:
         return Outcome(0, {}, {})
@@ -104,10 +106,12 @@ def run_units(
                 before = run.done
                 with progress.bar(missing[unit.name], unit.name, "cell") as cells, counted(store, cells, run):
                     seconds[unit.name] = timed(work, loaded, unit, store, incomplete)
+                if on_unit is not None:
+                    on_unit(unit.name, seconds[unit.name])
                 run.update(max(before + missing[unit.name] - run.done, 0))  # rows completed in place (amended)
             run.set_postfix(units=f"{len(todo)}/{len(todo)}")
         return Outcome(len(todo), {}, seconds)
-    return run_on_ray(todo, work, model, store, backend, incomplete)
+    return run_on_ray(todo, work, model, store, backend, incomplete, on_unit)
 
 
 def pending(unit: Unit, store: ResultStore, incomplete: Incomplete) -> list:
@@ -225,7 +229,13 @@ def check_ray_address(address: str | None, seconds: float = 10.0) -> None:
 
 
 def run_on_ray(
-    units: list[Unit], work: Work, model: ModelSettings, store: ResultStore, backend: Backend, incomplete: Incomplete
+    units: list[Unit],
+    work: Work,
+    model: ModelSettings,
+    store: ResultStore,
+    backend: Backend,
+    incomplete: Incomplete,
+    on_unit: UnitDone | None = None,
 ) -> Outcome:
     import ray
 
@@ -275,5 +285,7 @@ def run_on_ray(
                 if store.key(row) not in store:
                     store.append(row)
             store.amend(amended)
+            if on_unit is not None:
+                on_unit(unit.name, seconds[unit.name])
             bar.update()
     return Outcome(len(units), failures, seconds)

@@ -154,15 +154,18 @@ class RunRecord:
         self.session.update(fields)
         self.write()
 
+    def unit_done(self, name: str, seconds: float) -> None:
+        """Add a finished unit's seconds, and the wall time so far, to this session's entry now: a session cut off
+        before ``finish`` (its process killed, its machine gone) keeps the time its finished units took."""
+        unit_seconds = {**self.session.get("unit_seconds", {}), name: seconds}
+        self._timed(units_run=len(unit_seconds), unit_seconds=unit_seconds)
+
     def finish(self, outcome: Outcome, **extra: object) -> None:
         """Complete this session's entry (units run, wall time, each unit's seconds, device...)."""
-        self.session.update(
-            finished=True,
-            wall_seconds=round(time.time() - self.started, 1),
-            units_run=outcome.ran,
-            unit_seconds=outcome.unit_seconds,
-        )
-        self.session.update(extra)
+        self._timed(finished=True, units_run=outcome.ran, unit_seconds=outcome.unit_seconds, **extra)
+
+    def _timed(self, **fields: object) -> None:
+        self.session.update(wall_seconds=round(time.time() - self.started, 1), **fields)
         self.record["total_wall_seconds"] = round(sum(s.get("wall_seconds", 0) for s in self.record["sessions"]), 1)
         self.write()
 
