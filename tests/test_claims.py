@@ -588,6 +588,21 @@ def bench_claims() -> list[str]:
     claims.append(
         f"{scoring['long']['length']:,} tokens completes in {long['seconds']:.0f} s with a {long['peak_rss_gb']:.2f} GB"
     )
+    streaming, only = bench("streaming"), bench("likelihood_only")
+    (streamed,) = streaming["repeats"]
+    claims += [
+        made_at(streaming),
+        made_at(only),
+        f"{streamed['batched_s']:.1f} s against cell by cell {streamed['cells_s']:.1f} s, "
+        f"{streaming['median_ratio']:.2f}x",
+        f"mean NLL is {streamed['max_text_nll_difference']:.5f} nats, and of one token's "
+        f"{streamed['max_nll_difference']:.3f}",
+        f"median {only['median_ratio']:.2f}x",
+        *(
+            f"{e['generate_s']:,.1f} s against {e['likelihood_only_s']:.1f} s ({e['context_tokens']:,} tokens)"
+            for e in only["examples"]
+        ),
+    ]
     peaks, seconds = memory["median_peak_over_kv_cache"], memory["median_seconds"]
     here, reference, plain = peaks["this checkout"], peaks["reference 003305c"], peaks["plain prefill"]
     claims += [
