@@ -68,7 +68,8 @@ eval-locomo-committed: setup
 		--committed --output results/locomo/smollm2-135m
 
 # The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls (a plain
-# restatement at the used code's answer), RMM weighing answer rows, then every row (--rmm-weights all), and
+# restatement at the used code's answer), RMM weighing answer rows, then every row (--rmm-weights all), then every
+# row beside RMM's random-weight control (issue 62), and
 # shared-context multi-query on 1k and 2k-token documents, where SmolLM2 still answers (from 4k tokens on its full
 # cache answered none of the questions, so longer documents measure cost, not presses: docs/synthetic.md).
 eval-reuse: setup
@@ -78,6 +79,9 @@ eval-reuse: setup
 	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --rmm-weights all \
 		--committed --output results/reuse/smollm2-135m-all-rows \
 		--presses full h2o snapkv tova streaming_llm rmm "rmm(lag=16)" "rmm(lag=64)"
+	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --rmm-weights all \
+		--committed --output results/reuse/smollm2-135m-random \
+		--presses full h2o rmm "rmm(correctness='random')"
 
 eval-multiquery: setup
 	$(PY) -m evaluation multiquery --lengths 1024 2048 --episodes 8 --budgets 256 512 \
@@ -145,7 +149,7 @@ scorecard: setup
 # with the committed ones at the run's recorded thread count (text byte for byte, floats within their measured
 # tolerances). It prints an estimate per run from its run.json (under 20 minutes in all on 2 cores).
 REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 results/reuse/smollm2-135m:2 \
-	results/reuse/smollm2-135m-all-rows:2 results/multiquery/smollm2-135m:2 \
+	results/reuse/smollm2-135m-all-rows:2 results/reuse/smollm2-135m-random:2 results/multiquery/smollm2-135m:2 \
 	results/memory/smollm2-135m:2 results/traces/smollm2-135m:3 \
 	results/probe/smollm2-135m:3 results/probe/smollm2-135m-middle:3 results/perplexity/smollm2-135m:1 \
 	results/ruler/smollm2-135m:2 results/needle/smollm2-135m:2 \

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.protocols.longbench.protocol import RANDOM_CONTROL
 from evaluation.protocols.traces.policies import lag_control, seed_h2o
 from evaluation.protocols.traces.tova_claims import tova_claims
+from evaluation.reporting.conditions import RANDOM_CONTROL
 from evaluation.reporting.intervals import paired
 from evaluation.reporting.scorecard import p_text
 
