@@ -97,8 +97,11 @@ eval-probe: setup
 	$(PY) -m evaluation probe --probes 400 --committed --output results/probe/smollm2-135m
 	$(PY) -m evaluation probe --probes 400 --gold-positions middle --committed --output results/probe/smollm2-135m-middle
 
+# The bounded-memory probe (docs/synthetic.md); then every row weighed beside RMM's random-weight control (issue 62).
 eval-memory: setup
 	$(PY) -m evaluation memory --episodes 10 --committed --output results/memory/smollm2-135m
+	$(PY) -m evaluation memory --episodes 10 --rmm-weights all --committed --output results/memory/smollm2-135m-random \
+		--presses full h2o rmm "rmm(correctness='random')"
 
 # Perplexity of 8 texts (1,024 tokens) streamed with each press holding 64, 128, 256 tokens, exact per-token eviction.
 eval-perplexity: setup
@@ -150,7 +153,7 @@ scorecard: setup
 # tolerances). It prints an estimate per run from its run.json (under 20 minutes in all on 2 cores).
 REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 results/reuse/smollm2-135m:2 \
 	results/reuse/smollm2-135m-all-rows:2 results/reuse/smollm2-135m-random:2 results/multiquery/smollm2-135m:2 \
-	results/memory/smollm2-135m:2 results/traces/smollm2-135m:3 \
+	results/memory/smollm2-135m:2 results/memory/smollm2-135m-random:2 results/traces/smollm2-135m:3 \
 	results/probe/smollm2-135m:3 results/probe/smollm2-135m-middle:3 results/perplexity/smollm2-135m:1 \
 	results/ruler/smollm2-135m:2 results/needle/smollm2-135m:2 \
 	results/longbench/smollm2-135m-likelihood-low:1 results/longbench/smollm2-135m-likelihood-high:1 \
