@@ -69,9 +69,9 @@ eval-locomo-committed: setup
 
 # The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls (a plain
 # restatement at the used code's answer), RMM weighing answer rows, then every row (--rmm-weights all), then every
-# row beside RMM's random-weight control (issue 62), and
-# shared-context multi-query on 1k and 2k-token documents, where SmolLM2 still answers (from 4k tokens on its full
-# cache answered none of the questions, so longer documents measure cost, not presses: docs/synthetic.md).
+# row beside RMM's random-weight control (issue 62); and shared-context multi-query on 1k and 2k-token documents,
+# where SmolLM2 still answers (from 4k tokens on its full cache answered none of the questions, so longer documents
+# measure cost, not presses: docs/synthetic.md).
 eval-reuse: setup
 	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --committed --output results/reuse/smollm2-135m \
 		--presses full snapkv h2o streaming_llm tova rmm "rmm(lag=16)" "rmm(lag=64)" "rmm(lag=128)" \

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.cli.main import main
+from evaluation.cli.reproduce import configured
 from evaluation.protocols.longbench.protocol import LongBench
 from evaluation.reporting.conditions import RANDOM_CONTROL
 from evaluation.reporting.scorecard import press_contrast_table, scores_frame
@@ -164,8 +165,6 @@ def test_every_benchmark_report_records_its_commit_and_date(tmp_path):
 def test_streamed_scorecards_set_rmm_against_its_random_weight_control(tmp_path):
     """Every benchmark where RMM runs declares section 8's contrasts: the committed reuse run with RMM's random-weight
     control, its scorecard rewritten from its rows, sets RMM against the control on both metrics at both budgets."""
-    from evaluation.cli.reproduce import configured
-
     run = ROOT / "results" / "reuse" / "smollm2-135m-random"
     protocol, config = configured(run, json.loads((run / "run.json").read_text()), tmp_path)
     rows = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
