@@ -63,9 +63,14 @@ eval-longbench-committed: setup
 	$(PY) -m evaluation longbench --n 24 --max-length 2048 \
 		--presses $(LONGBENCH_PRESSES) --committed --output results/longbench/smollm2-135m
 
+# LoCoMo's 10 conversations with 6 presses; then RMM weighting every row of the history (`--rmm-weights all`)
+# beside its random-weight control, SnapKV and H2O.
 eval-locomo-committed: setup
 	$(PY) -m evaluation locomo --max-turns 20 --placement evidence --budgets 512 1800 \
 		--committed --output results/locomo/smollm2-135m
+	$(PY) -m evaluation locomo --max-turns 20 --placement evidence --budgets 512 1800 --rmm-weights all \
+		--presses full snapkv h2o rmm "rmm(correctness='random')" \
+		--committed --output results/locomo/smollm2-135m-all-rows
 
 # The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls (a plain
 # restatement at the used code's answer), RMM weighing answer rows, then every row (--rmm-weights all), then every
@@ -157,7 +162,7 @@ REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 res
 	results/probe/smollm2-135m:3 results/probe/smollm2-135m-middle:3 results/perplexity/smollm2-135m:1 \
 	results/ruler/smollm2-135m:2 results/needle/smollm2-135m:2 \
 	results/longbench/smollm2-135m-likelihood-low:1 results/longbench/smollm2-135m-likelihood-high:1 \
-	results/longbench/smollm2-135m-likelihood-random:1
+	results/longbench/smollm2-135m-likelihood-random:1 results/locomo/smollm2-135m-all-rows:2
 reproduce: setup
 	$(PY) -m evaluation reproduce $(REPRODUCED)
 
