@@ -97,10 +97,13 @@ eval-traces: setup
 	$(PY) -m evaluation traces --committed --output results/traces/smollm2-135m
 
 # The section-7 probe: 400 two-hop probes, the facts ranked by each scorer (about 20 minutes here); then the same
-# probes with the gold facts at the middle positions 7 and 9 of 16, where recency cannot find them (about 20 more).
+# probes with the gold facts at the middle positions 7 and 9 of 16, where recency cannot find them (about 20 more);
+# then the control that can move: 1,000 probes with both gold facts at recency ranks 5 to 8 (about 56 minutes).
 eval-probe: setup
 	$(PY) -m evaluation probe --probes 400 --committed --output results/probe/smollm2-135m
 	$(PY) -m evaluation probe --probes 400 --gold-positions middle --committed --output results/probe/smollm2-135m-middle
+	$(PY) -m evaluation probe --probes 1000 --gold-positions recency-5-8 \
+		--committed --output results/probe/smollm2-135m-recency-5-8
 
 # The bounded-memory probe (docs/synthetic.md); then every row weighed beside RMM's random-weight control (issue 62).
 eval-memory: setup
@@ -162,7 +165,8 @@ REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 res
 	results/probe/smollm2-135m:3 results/probe/smollm2-135m-middle:3 results/perplexity/smollm2-135m:1 \
 	results/ruler/smollm2-135m:2 results/needle/smollm2-135m:2 \
 	results/longbench/smollm2-135m-likelihood-low:1 results/longbench/smollm2-135m-likelihood-high:1 \
-	results/longbench/smollm2-135m-likelihood-random:1 results/locomo/smollm2-135m-all-rows:2
+	results/longbench/smollm2-135m-likelihood-random:1 results/locomo/smollm2-135m-all-rows:2 \
+	results/probe/smollm2-135m-recency-5-8:3
 reproduce: setup
 	$(PY) -m evaluation reproduce $(REPRODUCED)
 

@@ -136,11 +136,12 @@ def runs_table_row(run: str) -> str:
     return f"[{run}]({run}/scorecard.md) | {made} | {round(seconds):,} s ({seconds / 60:.1f} min) |"
 
 
-LB, LOCOMO, PROBE, MIDDLE = (
+LB, LOCOMO, PROBE, MIDDLE, RECENCY_5_8 = (
     "longbench/smollm2-135m",
     "locomo/smollm2-135m",
     "probe/smollm2-135m",
     "probe/smollm2-135m-middle",
+    "probe/smollm2-135m-recency-5-8",
 )
 MEMORY, TRACES, REUSE, MQ = (
     "memory/smollm2-135m",
@@ -317,6 +318,22 @@ def probe_claims() -> list[str]:
         f"but TOVA's {float(scorecard(MIDDLE)['score', 'overall', 'top 4 of 16', 'tova']['mean']):.1f}%",
         f"({sum(both_5_8.values())} of the {len(both_5_8)} shuffled probes with both gold facts there answered "
         "correctly)",
+        *recency_5_8_claims(),
+    ]
+
+
+def recency_5_8_claims() -> list[str]:
+    """The probe's control at recency ranks 5 to 8: how many answered, and what each scorer finds on them."""
+    answered = {r["probe"]: r["correct"] for r in rows(RECENCY_5_8) if r["press"] == "recency"}
+    cells = scorecard(RECENCY_5_8)
+    share = float(cells["score", "answered correctly", "top 4 of 16", "demonstrated utility"]["mean"])
+    overall = {press: float(cells["score", "overall", "top 4 of 16", press]["mean"]) for press in ("tova", "h2o")}
+    correct = sum(answered.values())
+    return [
+        f"answers {correct} of {len(answered):,} probes correctly",
+        f"On those {correct}, demonstrated utility puts both gold facts in its top 4 on {round(share * correct / 100)} "
+        f"({share:.1f}%)",
+        f"TOVA finds both on {overall['tova']:.1f}% of all {len(answered):,} probes, h2o on {overall['h2o']:.1f}%",
     ]
 
 
@@ -526,7 +543,8 @@ def tokens_per_second(decoding: dict) -> str:
 
 def readme_claims() -> list[str]:
     first = {run["command"]: run["wall_seconds"] for run in bench("first_commands")["runs"]}
-    middle = sum(r["correct"] for r in rows(MIDDLE) if r["press"] == "h2o" and r["budget"] == "top 4 of 16")
+    probe = [r for r in rows(RECENCY_5_8) if r["press"] == "demonstrated utility" and r["budget"] == "top 4 of 16"]
+    correct = [r for r in probe if r["correct"]]
     rmm = [scorecard(LIKELIHOOD)["answer NLL", "multi_news", budget, "rmm"] for budget in ("keep 12%", "keep 25%")]
     rmm += [scorecard(LIKELIHOOD_HIGH)["answer NLL", "multi_news", b, "rmm"] for b in ("keep 50%", "keep 75%")]
     trails = [float(line["diff"]) for line in rmm]
@@ -538,7 +556,8 @@ def readme_claims() -> list[str]:
         f"RMM trails it by {min(trails):.3f} to {max(trails):.3f} nats",
         "control beats RMM ({:.3f}, {:.3f} nats)".format(*random_control_differences()),
         f"used facts RMM beats that control after Holm ({float(memory_control['diff']):.3f} nats)",
-        f"it answers {middle} of 400 probes and no scorer finds them",
+        f"demonstrated utility finds them on {sum(r['score'] > 0 for r in correct)} of the {len(correct)} correct "
+        f"answers of {len(probe):,}",
         f"loses most of the full cache's {float(full['mean']):.1f}%",
         f"the offline SmolLM2 wheel: {minutes(bench('first_commands')['setup']['wall_seconds'])}",
         f"10 multi_news examples x 11 cells: {minutes(first['make eval-longbench'])}",
