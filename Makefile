@@ -63,14 +63,20 @@ eval-longbench-committed: setup
 	$(PY) -m evaluation longbench --n 24 --max-length 2048 \
 		--presses $(LONGBENCH_PRESSES) --committed --output results/longbench/smollm2-135m
 
+# LoCoMo's 10 conversations with 6 presses; then RMM weighting every row of the history (`--rmm-weights all`)
+# beside its random-weight control, SnapKV and H2O.
 eval-locomo-committed: setup
 	$(PY) -m evaluation locomo --max-turns 20 --placement evidence --budgets 512 1800 \
 		--committed --output results/locomo/smollm2-135m
+	$(PY) -m evaluation locomo --max-turns 20 --placement evidence --budgets 512 1800 --rmm-weights all \
+		--presses full snapkv h2o rmm "rmm(correctness='random')" \
+		--committed --output results/locomo/smollm2-135m-all-rows
 
 # The synthetic families (docs/synthetic.md), generated from seed 0: endogenous reuse with matched controls (a plain
-# restatement at the used code's answer), RMM weighing answer rows, then every row (--rmm-weights all), and
-# shared-context multi-query on 1k and 2k-token documents, where SmolLM2 still answers (from 4k tokens on its full
-# cache answered none of the questions, so longer documents measure cost, not presses: docs/synthetic.md).
+# restatement at the used code's answer), RMM weighing answer rows, then every row (--rmm-weights all), then every
+# row beside RMM's random-weight control (issue 62); and shared-context multi-query on 1k and 2k-token documents,
+# where SmolLM2 still answers (from 4k tokens on its full cache answered none of the questions, so longer documents
+# measure cost, not presses: docs/synthetic.md).
 eval-reuse: setup
 	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --committed --output results/reuse/smollm2-135m \
 		--presses full snapkv h2o streaming_llm tova rmm "rmm(lag=16)" "rmm(lag=64)" "rmm(lag=128)" \
@@ -78,6 +84,9 @@ eval-reuse: setup
 	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --rmm-weights all \
 		--committed --output results/reuse/smollm2-135m-all-rows \
 		--presses full h2o snapkv tova streaming_llm rmm "rmm(lag=16)" "rmm(lag=64)"
+	$(PY) -m evaluation reuse --episodes 10 --budgets 256 512 --rmm-weights all \
+		--committed --output results/reuse/smollm2-135m-random \
+		--presses full h2o rmm "rmm(correctness='random')"
 
 eval-multiquery: setup
 	$(PY) -m evaluation multiquery --lengths 1024 2048 --episodes 8 --budgets 256 512 \
@@ -93,8 +102,11 @@ eval-probe: setup
 	$(PY) -m evaluation probe --probes 400 --committed --output results/probe/smollm2-135m
 	$(PY) -m evaluation probe --probes 400 --gold-positions middle --committed --output results/probe/smollm2-135m-middle
 
+# The bounded-memory probe (docs/synthetic.md); then every row weighed beside RMM's random-weight control (issue 62).
 eval-memory: setup
 	$(PY) -m evaluation memory --episodes 10 --committed --output results/memory/smollm2-135m
+	$(PY) -m evaluation memory --episodes 10 --rmm-weights all --committed --output results/memory/smollm2-135m-random \
+		--presses full h2o rmm "rmm(correctness='random')"
 
 # Perplexity of 8 texts (1,024 tokens) streamed with each press holding 64, 128, 256 tokens, exact per-token eviction.
 eval-perplexity: setup
@@ -145,12 +157,12 @@ scorecard: setup
 # with the committed ones at the run's recorded thread count (text byte for byte, floats within their measured
 # tolerances). It prints an estimate per run from its run.json (under 20 minutes in all on 2 cores).
 REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 results/reuse/smollm2-135m:2 \
-	results/reuse/smollm2-135m-all-rows:2 results/multiquery/smollm2-135m:2 \
-	results/memory/smollm2-135m:2 results/traces/smollm2-135m:3 \
+	results/reuse/smollm2-135m-all-rows:2 results/reuse/smollm2-135m-random:2 results/multiquery/smollm2-135m:2 \
+	results/memory/smollm2-135m:2 results/memory/smollm2-135m-random:2 results/traces/smollm2-135m:3 \
 	results/probe/smollm2-135m:3 results/probe/smollm2-135m-middle:3 results/perplexity/smollm2-135m:1 \
 	results/ruler/smollm2-135m:2 results/needle/smollm2-135m:2 \
 	results/longbench/smollm2-135m-likelihood-low:1 results/longbench/smollm2-135m-likelihood-high:1 \
-	results/longbench/smollm2-135m-likelihood-random:1
+	results/longbench/smollm2-135m-likelihood-random:1 results/locomo/smollm2-135m-all-rows:2
 reproduce: setup
 	$(PY) -m evaluation reproduce $(REPRODUCED)
 

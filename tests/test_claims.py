@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.protocols.longbench.protocol import RANDOM_CONTROL
 from evaluation.protocols.traces.policies import lag_control, seed_h2o
 from evaluation.protocols.traces.tova_claims import tova_claims
+from evaluation.reporting.conditions import RANDOM_CONTROL
 from evaluation.reporting.intervals import paired
 from evaluation.reporting.scorecard import p_text
 
@@ -531,9 +531,13 @@ def readme_claims() -> list[str]:
     rmm += [scorecard(LIKELIHOOD_HIGH)["answer NLL", "multi_news", b, "rmm"] for b in ("keep 50%", "keep 75%")]
     trails = [float(line["diff"]) for line in rmm]
     full = scorecard(MQ)["score", "overall", "full", "full"]
+    memory_control = press_contrasts("memory/smollm2-135m-random")[
+        "answer NLL", "reused", "256 tokens", "rmm", RANDOM_CONTROL
+    ]
     return [
         f"RMM trails it by {min(trails):.3f} to {max(trails):.3f} nats",
         "control beats RMM ({:.3f}, {:.3f} nats)".format(*random_control_differences()),
+        f"used facts RMM beats that control after Holm ({float(memory_control['diff']):.3f} nats)",
         f"it answers {middle} of 400 probes and no scorer finds them",
         f"loses most of the full cache's {float(full['mean']):.1f}%",
         f"the offline SmolLM2 wheel: {minutes(bench('first_commands')['setup']['wall_seconds'])}",
@@ -588,6 +592,21 @@ def bench_claims() -> list[str]:
     claims.append(
         f"{scoring['long']['length']:,} tokens completes in {long['seconds']:.0f} s with a {long['peak_rss_gb']:.2f} GB"
     )
+    streaming, only = bench("streaming"), bench("likelihood_only")
+    (streamed,) = streaming["repeats"]
+    claims += [
+        made_at(streaming),
+        made_at(only),
+        f"{streamed['batched_s']:.1f} s against cell by cell {streamed['cells_s']:.1f} s, "
+        f"{streaming['median_ratio']:.2f}x",
+        f"mean NLL is {streamed['max_text_nll_difference']:.5f} nats, and of one token's "
+        f"{streamed['max_nll_difference']:.3f}",
+        f"median {only['median_ratio']:.2f}x",
+        *(
+            f"{e['generate_s']:,.1f} s against {e['likelihood_only_s']:.1f} s ({e['context_tokens']:,} tokens)"
+            for e in only["examples"]
+        ),
+    ]
     peaks, seconds = memory["median_peak_over_kv_cache"], memory["median_seconds"]
     here, reference, plain = peaks["this checkout"], peaks["reference 003305c"], peaks["plain prefill"]
     claims += [

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import evaluation.engine.serving as runner
 from evaluation.cli.main import main
 from evaluation.runs.models import ModelSettings
 from tests.helpers import SHARED_DATA, without_progress
@@ -248,8 +249,6 @@ def test_an_error_that_is_no_refusal_stops_the_run_loudly_and_the_rerun_resumes(
     first example's rows stay, and the same command finishes the rest."""
     import torch
 
-    import evaluation.engine.serving as runner
-
     output, calls, decode = tmp_path / "run", [], runner.decode_batch_forced
 
     def out_of_memory_on_the_second_example(*args, **kwargs):
@@ -275,8 +274,6 @@ def test_an_error_that_is_no_refusal_stops_the_run_loudly_and_the_rerun_resumes(
 def test_a_session_cut_off_keeps_the_time_of_the_units_it_finished(model_dir, data_dir, tmp_path, monkeypatch):  # noqa: F811
     """A session that never reaches its end (killed; here interrupted in its second example) has recorded each
     finished example's seconds and its wall time so far in run.json as each finished."""
-    import evaluation.engine.serving as runner
-
     output, calls, decode = tmp_path / "run", [], runner.decode_batch_forced
 
     def interrupted_in_the_second_example(*args, **kwargs):

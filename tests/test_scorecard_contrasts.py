@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.cli.main import main
-from evaluation.protocols.longbench.protocol import RANDOM_CONTROL, LongBench
+from evaluation.cli.reproduce import configured
+from evaluation.protocols.longbench.protocol import LongBench
+from evaluation.reporting.conditions import RANDOM_CONTROL
 from evaluation.reporting.scorecard import press_contrast_table, scores_frame
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,3 +160,20 @@ def test_every_benchmark_report_records_its_commit_and_date(tmp_path):
         assert "write_report" in names and "write_text" not in methods, f"{script.name} writes its report itself"
         writers.append(script.name)
     assert {"engine_memory.py", "grid.py", "likelihood.py", "memory.py", "protocols.py", "scoring.py"} <= set(writers)
+
+
+def test_streamed_scorecards_set_rmm_against_its_random_weight_control(tmp_path):
+    """Every benchmark where RMM runs declares section 8's contrasts: the committed reuse run with RMM's random-weight
+    control, its scorecard rewritten from its rows, sets RMM against the control on both metrics at both budgets."""
+    run = ROOT / "results" / "reuse" / "smollm2-135m-random"
+    protocol, config = configured(run, json.loads((run / "run.json").read_text()), tmp_path)
+    rows = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+    protocol.write_scorecard(config, rows)
+    lines = (tmp_path / "press_contrasts.csv").read_text().splitlines()
+    cells = [
+        f"{metric},overall,{budget} tokens,rmm,{RANDOM_CONTROL},"
+        for metric in ("score", "answer NLL")
+        for budget in (256, 512)
+    ]
+    assert all(any(line.startswith(cell) for line in lines) for cell in cells), lines[:3]
+    assert "## Presses against baselines, paired" in (tmp_path / "scorecard.md").read_text()

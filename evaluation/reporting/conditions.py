@@ -70,6 +70,17 @@ class PressContrast:
         return f"{self.press} against {self.baseline}"
 
 
+# the paper's section 8: RMM (every spec of it that ran) against SnapKV and StreamingLLM at each budget; and
+# against its random-weight control (issue 62: does correctness carry information beyond dropping rows?). Every
+# benchmark where RMM runs declares them (LongBench, LoCoMo, the synthetic families).
+RANDOM_CONTROL = "rmm(correctness='random')"
+SECTION_8 = (
+    PressContrast("rmm", "snapkv"),
+    PressContrast("rmm", "streaming_llm"),
+    PressContrast("rmm", RANDOM_CONTROL),
+)
+
+
 @dataclass(frozen=True)
 class Benchmark:
     """A protocol's scorecard: its conditions, what identifies an example, and its official score (``scale``,

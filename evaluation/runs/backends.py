@@ -199,6 +199,14 @@ class RayWorker:
         return store.new_rows, store.amended_rows, seconds
 
 
+def stored(store: ResultStore, rows: list[dict], amended: list[dict]) -> None:
+    """A Ray worker's results of one unit into ``store``: its new rows (each once) and the rows it amended."""
+    for row in rows:
+        if store.key(row) not in store:
+            store.append(row)
+    store.amend(amended)
+
+
 def worker_options(model: ModelSettings, resources: dict, workers: int | None) -> tuple[int, dict]:
     """How many Ray workers to start and what each asks Ray for: one GPU for a model on ``cuda``, ``cuda:N`` or a
     device map (the worker sees it as ``cuda``), and an equal share of the cluster's CPUs."""
@@ -281,10 +289,7 @@ def run_on_ray(
                     bar.update()
                 bar.set_postfix(retries=sum(tries.values()), failed=len(failures))
                 continue
-            for row in rows:
-                if store.key(row) not in store:
-                    store.append(row)
-            store.amend(amended)
+            stored(store, rows, amended)
             if on_unit is not None:
                 on_unit(unit.name, seconds[unit.name])
             bar.update()

@@ -22,7 +22,7 @@ from evaluation.protocols.streaming.config import StreamConfig
 from evaluation.protocols.streaming.episodes import Conversation, Question
 from evaluation.protocols.streaming.protocol import register_task
 from evaluation.protocols.streaming.task import StreamTask
-from evaluation.reporting.conditions import Benchmark
+from evaluation.reporting.conditions import SECTION_8, Benchmark
 from evaluation.reporting.rescoring import Rescoring, checked, scored
 from evaluation.runs.record import fingerprint
 from evaluation.settings import SCORES, setting
@@ -55,6 +55,7 @@ BENCHMARK = Benchmark(
     unit="F1, 0 to 1; adversarial: its own rule",
     cluster=lambda row: row["conversation"],
     cluster_unit="conversation",
+    press_contrasts=SECTION_8,
 )
 
 

@@ -14,7 +14,7 @@ from evaluation.metrics.longbench import sample_score, task_score
 from evaluation.protocols.longbench.config import LongBenchConfig
 from evaluation.protocols.protocol import LIKELIHOOD, Protocol, register
 from evaluation.protocols.single_turn.row import CellRow
-from evaluation.reporting.conditions import Benchmark, PressContrast
+from evaluation.reporting.conditions import SECTION_8, Benchmark
 from evaluation.reporting.rescoring import Rescoring, checked, scored
 
 if TYPE_CHECKING:
@@ -30,16 +30,6 @@ class LongBenchRow(CellRow):
 def conditions(row: LongBenchRow) -> list[str]:
     """The scorecard conditions a LongBench row counts in: its task."""
     return [row["task"]]
-
-
-# the paper's section 8: RMM (every spec of it that ran) against SnapKV and StreamingLLM at each budget; and
-# against its random-weight control (issue 62: does correctness carry information beyond dropping rows?)
-RANDOM_CONTROL = "rmm(correctness='random')"
-SECTION_8 = (
-    PressContrast("rmm", "snapkv"),
-    PressContrast("rmm", "streaming_llm"),
-    PressContrast("rmm", RANDOM_CONTROL),
-)
 
 
 def check_line(path: Path, line: int, row: dict, task: object) -> None:

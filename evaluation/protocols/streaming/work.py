@@ -25,7 +25,7 @@ from evaluation.protocols.streaming.placements import (
 from evaluation.protocols.streaming.protocol import Streamed
 from evaluation.reporting.conditions import ANSWER_NLL, Metric
 from evaluation.reporting.overlap import overlap_section
-from evaluation.reporting.scorecard import contrast_table, scores_frame, summarize
+from evaluation.reporting.scorecard import contrast_table, press_contrast_table, scores_frame, summarize
 from evaluation.reporting.scorecard import write_scorecard as write_card
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import context_length, local_model, what_loading_fetches
@@ -223,8 +223,11 @@ def write_scorecard(protocol: Streamed, config: StreamConfig, rows: list[dict]) 
     summary = summarize(frame, REFERENCE)
     title = f"{task.benchmark.name} streaming: {output.name}"
     contrasts = contrast_table(benchmark, rows)
+    against = press_contrast_table(frame, benchmark.press_contrasts)
     appendix = overlap_section(output, rows, REFERENCE, task.benchmark)
-    write_card(output, summary, title, note, REFERENCE, config.presses, labels, appendix, contrasts)
+    write_card(
+        output, summary, title, note, REFERENCE, config.presses, labels, appendix, contrasts, press_contrasts=against
+    )
 
 
 class StreamWork(Implementation[StreamConfig]):

@@ -21,7 +21,7 @@ from evaluation.protocols.streaming.placements import asked_after_session
 from evaluation.protocols.streaming.protocol import register_task
 from evaluation.protocols.streaming.task import StreamTask
 from evaluation.protocols.synthetic import memory, multiquery, reuse
-from evaluation.reporting.conditions import Benchmark, Contrast
+from evaluation.reporting.conditions import SECTION_8, Benchmark, Contrast
 from evaluation.settings import SAMPLED, setting
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ def _benchmark(
         unit="accuracy, %",
         cluster=lambda row: row["conversation"],
         cluster_unit=unit,
+        press_contrasts=SECTION_8,
     )
 
 
