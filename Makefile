@@ -119,7 +119,7 @@ eval-perplexity: setup
 
 # Perplexity at the papers' n (docs/perplexity.md): 24 texts of 2,048 tokens (the first 12 multi_news contexts that
 # long, and 12 parts of Paul Graham's essays 8 parts apart, the long-prose stand-in for PG-19) streamed batched
-# across presses, one budget per run (the full cache, then the batch: about 70 minutes here). 256 tokens (1/8 of the
+# across presses, one budget per run (the full cache, then the batch: 80 minutes here at 256). 256 tokens (1/8 of the
 # text) is run; budgets 128 and 512 follow with the same command, each into its own folder (not yet run).
 PERPLEXITY_TEXTS := $(foreach i,0 6 10 13 15 16 19 21 22 24 25 28,multi_news:$(i)) \
 	$(foreach i,0 8 16 24 32 40 48 56 64 72 80 88,essays:$(i))
