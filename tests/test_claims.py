@@ -322,18 +322,24 @@ def probe_claims() -> list[str]:
     ]
 
 
+def recency_5_8_top_4() -> tuple[int, int, int]:
+    """The recency-5-8 probe's rows of demonstrated utility at top 4: the probes, those answered correctly, and of
+    those the ones where it ranks both gold facts in its top 4."""
+    probe = [r for r in rows(RECENCY_5_8) if r["press"] == "demonstrated utility" and r["budget"] == "top 4 of 16"]
+    correct = [r for r in probe if r["correct"]]
+    return len(probe), len(correct), sum(r["score"] > 0 for r in correct)
+
+
 def recency_5_8_claims() -> list[str]:
     """The probe's control at recency ranks 5 to 8: how many answered, and what each scorer finds on them."""
-    answered = {r["probe"]: r["correct"] for r in rows(RECENCY_5_8) if r["press"] == "recency"}
+    probes, correct, found = recency_5_8_top_4()
     cells = scorecard(RECENCY_5_8)
     share = float(cells["score", "answered correctly", "top 4 of 16", "demonstrated utility"]["mean"])
     overall = {press: float(cells["score", "overall", "top 4 of 16", press]["mean"]) for press in ("tova", "h2o")}
-    correct = sum(answered.values())
     return [
-        f"answers {correct} of {len(answered):,} probes correctly",
-        f"On those {correct}, demonstrated utility puts both gold facts in its top 4 on {round(share * correct / 100)} "
-        f"({share:.1f}%)",
-        f"TOVA finds both on {overall['tova']:.1f}% of all {len(answered):,} probes, h2o on {overall['h2o']:.1f}%",
+        f"answers {correct} of {probes:,} probes correctly",
+        f"On those {correct}, demonstrated utility puts both gold facts in its top 4 on {found} ({share:.1f}%)",
+        f"TOVA finds both on {overall['tova']:.1f}% of all {probes:,} probes, h2o on {overall['h2o']:.1f}%",
     ]
 
 
@@ -543,8 +549,7 @@ def tokens_per_second(decoding: dict) -> str:
 
 def readme_claims() -> list[str]:
     first = {run["command"]: run["wall_seconds"] for run in bench("first_commands")["runs"]}
-    probe = [r for r in rows(RECENCY_5_8) if r["press"] == "demonstrated utility" and r["budget"] == "top 4 of 16"]
-    correct = [r for r in probe if r["correct"]]
+    probes, correct, found = recency_5_8_top_4()
     rmm = [scorecard(LIKELIHOOD)["answer NLL", "multi_news", budget, "rmm"] for budget in ("keep 12%", "keep 25%")]
     rmm += [scorecard(LIKELIHOOD_HIGH)["answer NLL", "multi_news", b, "rmm"] for b in ("keep 50%", "keep 75%")]
     trails = [float(line["diff"]) for line in rmm]
@@ -556,8 +561,7 @@ def readme_claims() -> list[str]:
         f"RMM trails it by {min(trails):.3f} to {max(trails):.3f} nats",
         "control beats RMM ({:.3f}, {:.3f} nats)".format(*random_control_differences()),
         f"used facts RMM beats that control after Holm ({float(memory_control['diff']):.3f} nats)",
-        f"demonstrated utility finds them on {sum(r['score'] > 0 for r in correct)} of the {len(correct)} correct "
-        f"answers of {len(probe):,}",
+        f"demonstrated utility finds them on {found} of the {correct} correct answers of {probes:,}",
         f"loses most of the full cache's {float(full['mean']):.1f}%",
         f"the offline SmolLM2 wheel: {minutes(bench('first_commands')['setup']['wall_seconds'])}",
         f"10 multi_news examples x 11 cells: {minutes(first['make eval-longbench'])}",
