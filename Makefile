@@ -119,11 +119,14 @@ eval-perplexity: setup
 
 # Perplexity at the papers' n (docs/perplexity.md): 24 texts of 2,048 tokens (the first 12 multi_news contexts that
 # long, and 12 parts of Paul Graham's essays 8 parts apart, the long-prose stand-in for PG-19) streamed batched
-# across presses, one budget per run (the full cache, then the batch: 80 minutes here at 256). 256 tokens (1/8 of the
-# text) is run; budgets 128 and 512 follow with the same command, each into its own folder (not yet run).
+# across presses, one budget per run (the full cache, then the batch: 75 to 80 minutes here). 128 tokens (1/16 of the
+# text) and 256 (1/8) are run; budget 512 follows with the same command into its own folder (not yet run).
 PERPLEXITY_TEXTS := $(foreach i,0 6 10 13 15 16 19 21 22 24 25 28,multi_news:$(i)) \
 	$(foreach i,0 8 16 24 32 40 48 56 64 72 80 88,essays:$(i))
 eval-perplexity-2048: setup
+	$(PY) -m evaluation perplexity --length 2048 --budgets 128 --texts $(PERPLEXITY_TEXTS) \
+		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" knorm \
+		--committed --output results/perplexity/smollm2-135m-2048-128
 	$(PY) -m evaluation perplexity --length 2048 --budgets 256 --texts $(PERPLEXITY_TEXTS) \
 		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" knorm \
 		--committed --output results/perplexity/smollm2-135m-2048-256
@@ -160,7 +163,7 @@ scorecard: setup
 # where a unit splits into steps its first K steps (a streamed question, a probe, a trace's replay); rows compared
 # with the committed ones at the run's recorded thread count (text byte for byte, floats within their measured
 # tolerances). It prints an estimate per run from its run.json (under 20 minutes on 2 cores for all but the
-# 2,048-token perplexity run, whose cheapest unit, the full cache of 24 texts, takes about 23 more).
+# 2,048-token perplexity runs, whose cheapest unit, the full cache of 24 texts, takes about 23 more each).
 REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 results/reuse/smollm2-135m:2 \
 	results/reuse/smollm2-135m-all-rows:2 results/reuse/smollm2-135m-random:2 results/multiquery/smollm2-135m:2 \
 	results/memory/smollm2-135m:2 results/memory/smollm2-135m-random:2 results/traces/smollm2-135m:3 \
@@ -168,7 +171,8 @@ REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 res
 	results/ruler/smollm2-135m:2 results/needle/smollm2-135m:2 \
 	results/longbench/smollm2-135m-likelihood-low:1 results/longbench/smollm2-135m-likelihood-high:1 \
 	results/longbench/smollm2-135m-likelihood-random:1 results/locomo/smollm2-135m-all-rows:2 \
-	results/probe/smollm2-135m-recency-5-8:3 results/perplexity/smollm2-135m-2048-256:1
+	results/probe/smollm2-135m-recency-5-8:3 results/perplexity/smollm2-135m-2048-256:1 \
+	results/perplexity/smollm2-135m-2048-128:1
 reproduce: setup
 	$(PY) -m evaluation reproduce $(REPRODUCED)
 
