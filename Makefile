@@ -123,13 +123,11 @@ eval-perplexity: setup
 # text) and 256 (1/8) are run; budget 512 follows with the same command into its own folder (not yet run).
 PERPLEXITY_TEXTS := $(foreach i,0 6 10 13 15 16 19 21 22 24 25 28,multi_news:$(i)) \
 	$(foreach i,0 8 16 24 32 40 48 56 64 72 80 88,essays:$(i))
+PERPLEXITY_2048 := $(PY) -m evaluation perplexity --length 2048 --texts $(PERPLEXITY_TEXTS) \
+	--presses full streaming_llm tova h2o rmm "rmm(lag=64)" knorm
 eval-perplexity-2048: setup
-	$(PY) -m evaluation perplexity --length 2048 --budgets 128 --texts $(PERPLEXITY_TEXTS) \
-		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" knorm \
-		--committed --output results/perplexity/smollm2-135m-2048-128
-	$(PY) -m evaluation perplexity --length 2048 --budgets 256 --texts $(PERPLEXITY_TEXTS) \
-		--presses full streaming_llm tova h2o rmm "rmm(lag=64)" knorm \
-		--committed --output results/perplexity/smollm2-135m-2048-256
+	$(PERPLEXITY_2048) --budgets 128 --committed --output results/perplexity/smollm2-135m-2048-128
+	$(PERPLEXITY_2048) --budgets 256 --committed --output results/perplexity/smollm2-135m-2048-256
 
 # LongBench's answer likelihood alone (one prefill and one batched forward of every cell's answer per example) at
 # n = 120 on the paper's four budget points, in two runs that each fit 90 minutes on 2 cores (measured: 48-54 s an
