@@ -119,15 +119,22 @@ eval-perplexity: setup
 
 # Perplexity at the papers' n (docs/perplexity.md): 24 texts of 2,048 tokens (the first 12 multi_news contexts that
 # long, and 12 parts of Paul Graham's essays 8 parts apart, the long-prose stand-in for PG-19) streamed batched
-# across presses, one budget per run (the full cache, then the batch: 75 to 80 minutes here). 128 tokens (1/16 of the
-# text) and 256 (1/8) are run; budget 512 follows with the same command into its own folder (not yet run).
+# across presses, one budget per run (the full cache, then the batch): 128 tokens (1/16 of the text) and 256 (1/8),
+# 75 to 80 minutes each. At 512 (1/4) the batch reads twice the cache, so its presses split over two runs, each with
+# the full cache, under jemalloc (Ray's, which keeps freed pages for reuse: docs/perplexity.md, "The allocator").
 PERPLEXITY_TEXTS := $(foreach i,0 6 10 13 15 16 19 21 22 24 25 28,multi_news:$(i)) \
 	$(foreach i,0 8 16 24 32 40 48 56 64 72 80 88,essays:$(i))
-PERPLEXITY_2048 := $(PY) -m evaluation perplexity --length 2048 --texts $(PERPLEXITY_TEXTS) \
-	--presses full streaming_llm tova h2o rmm "rmm(lag=64)" knorm
+PERPLEXITY_2048 := $(PY) -m evaluation perplexity --length 2048 --texts $(PERPLEXITY_TEXTS)
+PERPLEXITY_PRESSES := full streaming_llm tova h2o rmm "rmm(lag=64)" knorm
+JEMALLOC = LD_PRELOAD=$(wildcard $(VENV)/lib/python*/site-packages/ray/core/libjemalloc.so) \
+	MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1
 eval-perplexity-2048: setup
-	$(PERPLEXITY_2048) --budgets 128 --committed --output results/perplexity/smollm2-135m-2048-128
-	$(PERPLEXITY_2048) --budgets 256 --committed --output results/perplexity/smollm2-135m-2048-256
+	$(PERPLEXITY_2048) --presses $(PERPLEXITY_PRESSES) --budgets 128 --committed \
+		--output results/perplexity/smollm2-135m-2048-128
+	$(PERPLEXITY_2048) --presses $(PERPLEXITY_PRESSES) --budgets 256 --committed \
+		--output results/perplexity/smollm2-135m-2048-256
+	$(JEMALLOC) $(PERPLEXITY_2048) --presses full streaming_llm tova h2o --budgets 512 --committed \
+		--output results/perplexity/smollm2-135m-2048-512
 
 # LongBench's answer likelihood alone (one prefill and one batched forward of every cell's answer per example) at
 # n = 120 on the paper's four budget points, in two runs that each fit 90 minutes on 2 cores (measured: 48-54 s an
@@ -170,7 +177,7 @@ REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 res
 	results/longbench/smollm2-135m-likelihood-low:1 results/longbench/smollm2-135m-likelihood-high:1 \
 	results/longbench/smollm2-135m-likelihood-random:1 results/locomo/smollm2-135m-all-rows:2 \
 	results/probe/smollm2-135m-recency-5-8:3 results/perplexity/smollm2-135m-2048-256:1 \
-	results/perplexity/smollm2-135m-2048-128:1
+	results/perplexity/smollm2-135m-2048-128:1 results/perplexity/smollm2-135m-2048-512:1
 reproduce: setup
 	$(PY) -m evaluation reproduce $(REPRODUCED)
 
