@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.cli.main import main
-from evaluation.cli.reproduce import TOLERANCES, first_difference, row_difference, sample
+from evaluation.cli.reproduce import TOLERANCES, cpu_kernels, first_difference, kernels_note, row_difference, sample
 from evaluation.protocols.protocol import Plan
 from evaluation.runs.backends import Unit
 from evaluation.runs.models import ModelSettings
@@ -208,3 +208,16 @@ def test_each_field_is_compared_under_its_own_tolerance():
     assert row_difference("k", committed, {**within, "nll": 3.0 + 2e-6}).startswith("k nll: committed 3.0 vs now")
     beyond = {**within, "nll_by_position": [4.0, 3.0 - 5e-6]}
     assert row_difference("k", committed, beyond).startswith("k nll_by_position[1]: committed 3.0")
+
+
+def test_a_difference_names_the_kernels_when_the_run_used_another_instruction_sets():
+    def session(capability: str, units: int = 1, device: str = "cpu") -> dict:
+        return {"units_run": units, "numerics": {"device": device, "cpu_capability": capability}}
+
+    record = {"sessions": [session("AVX512"), session("AVX2", units=0), session("AVX512"), {"units_run": 2}]}
+    made_with = cpu_kernels(record)
+    assert made_with == {"AVX512"}
+    assert kernels_note(made_with, "AVX512") == ""
+    assert kernels_note(made_with, "AVX2").startswith(" (made with torch's AVX512 kernels, this machine's are AVX2's")
+    assert cpu_kernels({"sessions": [session("AVX2", device="cuda:0")]}) == frozenset()
+    assert kernels_note(frozenset(), "AVX2") == ""

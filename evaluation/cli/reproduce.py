@@ -52,7 +52,8 @@ from evaluation.runs.store import ResultStore
 # tolerance is the largest seen, doubled and rounded up to one digit. The answer likelihood and every
 # other float (``score``, which other protocols share) keep 1e-6: not measured on a committed cell (a Ray worker's
 # one thread moved ``answer_nll`` by about 5e-7). A re-run at the recorded count computes the same bits; a tolerance
-# covers what a run did not record (a run.json from before ``threads``, another machine's kernels).
+# covers what a run did not record (a run.json from before ``threads``). Kernels for another instruction set move
+# more (AVX2 against AVX-512: 9.8e-6 on a 2,048-token ``nll``), and a line that differs names both (``kernels_note``).
 TOLERANCE = 1e-6
 TOLERANCES = {"nll": 1e-6, "nll_by_position": 4e-6, "answer_nll": 1e-6}
 NOT_COMPARED = ("output", "allow_import")  # its rows go to a temporary folder; consent is its own command line's
@@ -94,6 +95,7 @@ class Prepared:
     plan: Plan
     committed: dict[Hashable, dict]
     sample: list[Sampled]
+    made_with: frozenset[str] = frozenset()  # the CPU instruction sets torch's kernels used in the run's sessions
 
     @property
     def estimate(self) -> float | None:
@@ -184,6 +186,23 @@ def setting_difference(folder: Path, protocol: Protocol, config: Any, recorded: 
     return ""
 
 
+def cpu_kernels(record: dict) -> frozenset[str]:
+    """The instruction sets of torch's CPU kernels (``cpu_capability``) in the sessions that ran a CPU run's units."""
+    numerics = [s.get("numerics") or {} for s in record["sessions"] if s.get("units_run")]
+    return frozenset(n["cpu_capability"] for n in numerics if n.get("device") == "cpu" and n.get("cpu_capability"))
+
+
+def kernels_note(made_with: frozenset[str], here: str) -> str:
+    """For a differing line: that the run's kernels were another instruction set's than this machine's (``here``),
+    which round otherwise ("" when they were the same or not recorded)."""
+    if not made_with or made_with == {here}:
+        return ""
+    return (
+        f" (made with torch's {', '.join(sorted(made_with))} kernels, this machine's are {here}'s, which round "
+        'otherwise: docs/reliability.md, "Numerics")'
+    )
+
+
 def unit_seconds(record: dict) -> dict[str, float]:
     """Each unit's recorded seconds, the latest session's where several ran it."""
     seconds: dict[str, float] = {}
@@ -233,7 +252,7 @@ def prepare(folder: Path, size: int, output: Path, allow_import: bool = False) -
     sampled = sample(plan, partial(protocol.steps, config), committed, unit_seconds(record), size)
     if not sampled:
         return f"differs: {folder}: none of its {len(plan.units)} units has all its rows in predictions.jsonl"
-    return Prepared(folder, protocol, config, plan, committed, sampled)
+    return Prepared(folder, protocol, config, plan, committed, sampled, cpu_kernels(record))
 
 
 def estimate_line(prepared: Prepared) -> str:
@@ -308,6 +327,8 @@ def committed_row(prepared: Prepared, key: Hashable, row: dict) -> dict | None:
 
 def reproduce(prepared: Prepared, output: Path) -> str:
     """Re-run the sample into ``output`` and the run's line: ``reproduced`` or its first difference."""
+    import torch
+
     protocol, plan = prepared.protocol, prepared.plan
     store = SampleStore(output / "predictions.jsonl", protocol.row_key)
     partial_units = {s.unit.name: s.unit.keys for s in prepared.sample if s.steps < s.of}
@@ -318,7 +339,8 @@ def reproduce(prepared: Prepared, output: Path) -> str:
         key = protocol.row_key(row)  # type: ignore[arg-type]
         difference = row_difference(key, committed_row(prepared, key, row), row)
         if difference:
-            return f"differs: {prepared.folder}: {difference}"
+            note = kernels_note(prepared.made_with, torch.backends.cpu.get_cpu_capability())
+            return f"differs: {prepared.folder}: {difference}{note}"
     return f"reproduced: {prepared.folder} ({len(units)} units, {len(store.rows)} rows)"
 
 
