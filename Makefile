@@ -135,6 +135,8 @@ eval-perplexity-2048: setup
 		--output results/perplexity/smollm2-135m-2048-256
 	$(JEMALLOC) $(PERPLEXITY_2048) --presses full streaming_llm tova h2o --budgets 512 --committed \
 		--output results/perplexity/smollm2-135m-2048-512
+	$(JEMALLOC) $(PERPLEXITY_2048) --presses full rmm "rmm(lag=64)" knorm --budgets 512 --committed \
+		--output results/perplexity/smollm2-135m-2048-512-rmm
 
 # LongBench's answer likelihood alone (one prefill and one batched forward of every cell's answer per example) at
 # n = 120 on the paper's four budget points, in two runs that each fit 90 minutes on 2 cores (measured: 48-54 s an
@@ -177,7 +179,8 @@ REPRODUCED := results/longbench/smollm2-135m:1 results/locomo/smollm2-135m:2 res
 	results/longbench/smollm2-135m-likelihood-low:1 results/longbench/smollm2-135m-likelihood-high:1 \
 	results/longbench/smollm2-135m-likelihood-random:1 results/locomo/smollm2-135m-all-rows:2 \
 	results/probe/smollm2-135m-recency-5-8:3 results/perplexity/smollm2-135m-2048-256:1 \
-	results/perplexity/smollm2-135m-2048-128:1 results/perplexity/smollm2-135m-2048-512:1
+	results/perplexity/smollm2-135m-2048-128:1 results/perplexity/smollm2-135m-2048-512:1 \
+	results/perplexity/smollm2-135m-2048-512-rmm:1
 reproduce: setup
 	$(PY) -m evaluation reproduce $(REPRODUCED)
 
