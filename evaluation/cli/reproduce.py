@@ -41,6 +41,7 @@ from evaluation.protocols.protocol import Plan, Protocol, lacks
 from evaluation.protocols.shipped import protocols
 from evaluation.runs.backends import LOCAL, Unit, Work, run_units
 from evaluation.runs.json_rows import numbered_rows
+from evaluation.runs.numerics import cpu_capability
 from evaluation.runs.progress import duration
 from evaluation.runs.record import read_record
 from evaluation.runs.store import ResultStore
@@ -327,8 +328,6 @@ def committed_row(prepared: Prepared, key: Hashable, row: dict) -> dict | None:
 
 def reproduce(prepared: Prepared, output: Path) -> str:
     """Re-run the sample into ``output`` and the run's line: ``reproduced`` or its first difference."""
-    import torch
-
     protocol, plan = prepared.protocol, prepared.plan
     store = SampleStore(output / "predictions.jsonl", protocol.row_key)
     partial_units = {s.unit.name: s.unit.keys for s in prepared.sample if s.steps < s.of}
@@ -339,7 +338,7 @@ def reproduce(prepared: Prepared, output: Path) -> str:
         key = protocol.row_key(row)  # type: ignore[arg-type]
         difference = row_difference(key, committed_row(prepared, key, row), row)
         if difference:
-            note = kernels_note(prepared.made_with, torch.backends.cpu.get_cpu_capability())
+            note = kernels_note(prepared.made_with, cpu_capability())
             return f"differs: {prepared.folder}: {difference}{note}"
     return f"reproduced: {prepared.folder} ({len(units)} units, {len(store.rows)} rows)"
 

@@ -54,6 +54,13 @@ def fix_numerics(threads: int) -> None:
     torch.backends.cudnn.deterministic = True
 
 
+def cpu_capability() -> str:
+    """The instruction set of the CPU kernels torch dispatches to on this machine (AVX2, AVX512, ...)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def numerics_record(device: str) -> dict:
     """What this process's floats depend on, as a run's session records it: threads, torch's build (its BLAS, oneDNN
     and parallel backend), the CPU (and its instruction set torch uses) and the accelerator."""
@@ -69,7 +76,7 @@ def numerics_record(device: str) -> dict:
         "onednn": build_line(built, ("MKL-DNN", "oneDNN")),
         "parallel": build_line(torch.__config__.parallel_info(), ("ATen parallel backend",)),
         "cpu": cpu_name(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_capability": cpu_capability(),
         "device": device,
         "runtime": {name: os.environ.get(name) for name in RUNTIME},
     }
