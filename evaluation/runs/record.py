@@ -165,8 +165,8 @@ class RunRecord:
         self._timed(finished=True, units_run=outcome.ran, unit_seconds=outcome.unit_seconds, **extra)
 
     def _timed(self, **fields: object) -> None:
-        self.session.update(wall_seconds=round(time.time() - self.started, 1), **fields)
-        self.record["total_wall_seconds"] = round(sum(s.get("wall_seconds", 0) for s in self.record["sessions"]), 1)
+        self.session.update(wall_seconds=round(time.time() - self.started, 2), **fields)
+        self.record["total_wall_seconds"] = round(sum(s.get("wall_seconds", 0) for s in self.record["sessions"]), 2)
         self.write()
 
 
