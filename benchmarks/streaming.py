@@ -4,9 +4,12 @@ For ``--presses`` (default the six the committed run streams, knorm included) at
 ``--texts`` multi_news texts cut to ``--length`` tokens (default 4 x 1,024), exact per-token eviction: every press's
 cells in one batch (``batched_nll``, one forward per token for them all: the protocol's default) against each cell
 as a batch of its own (``streamed_nll``, ``--cells-one-at-a-time``), ``--repeats`` times, the order alternating.
-Wall time of each side, their ratio (goal >= 3), and the largest difference between the two of any token's NLL and
-of any text's mean NLL (a row's ``nll``): the two round differently (a forward over more rows), which moves NLLs by
-about 3e-5 and may flip an eviction whose scores are that close (docs/perplexity.md, "Batching").
+Wall time of each side (and of each press's cell), their ratio (goal >= 3), and the largest difference between the
+two of any token's NLL and of any text's mean NLL (a row's ``nll``): the two round differently (a forward over more
+rows), which moves NLLs by about 3e-5 and may flip an eviction whose scores are that close (docs/perplexity.md,
+"Batching"). Beside it, this machine's ceiling for the ratio: a step of the model with no press over a cache of the
+budget, as many times as there are presses one batch of texts at a time, against one step of them all in one batch
+(the forwards alone, which batching shares; each press's own hook costs the same on either side).
 
 Writes ``results/bench/streaming.json``.
 """
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import torch
 from report import write_report
+from transformers import DynamicCache
 
 from evaluation.protocols.perplexity.config import PerplexityConfig
 from evaluation.protocols.perplexity.work import streamed_presses, text_token_ids
@@ -41,14 +45,41 @@ def texts(count: int, length: int, data: Path) -> torch.Tensor:
 
 
 def streams(model, ids: torch.Tensor, presses: list[str], budget: int, chunk: int, batched_first: bool) -> dict:
-    """Both sides once, in the order ``batched_first`` says: the seconds of each and its NLLs (presses, texts,
-    length - 1)."""
-    run = {}
+    """Both sides once, in the order ``batched_first`` says: the seconds of each (and of each press's cell) and its
+    NLLs (presses, texts, length - 1)."""
+    run: dict = {}
     for side in ("batched", "cells") if batched_first else ("cells", "batched"):
         start = time.perf_counter()
-        run[side] = streamed_presses(model, ids, presses, budget, chunk, batched=side == "batched")
+        if side == "batched":
+            run[side] = streamed_presses(model, ids, presses, budget, chunk, batched=True)
+        else:
+            cells, run["cell_s"] = [], {}
+            for press in presses:
+                began = time.perf_counter()
+                cells.append(streamed_presses(model, ids, [press], budget, chunk, batched=False)[0])
+                run["cell_s"][press] = time.perf_counter() - began
+            run[side] = torch.stack(cells)
         run[f"{side}_s"] = time.perf_counter() - start
     return run
+
+
+def ceiling(model, ids: torch.Tensor, presses: int, budget: int, chunk: int, steps: int = 32) -> dict:
+    """The forwards alone over a cache of ``budget`` tokens with no press: the median step of ``ids``'s texts, as
+    many times as there are presses, against one step of them all in one batch (``steps`` steps each, the cache
+    cropped back to ``budget`` after each): the ratio batching the forwards alone gives."""
+    medians = {}
+    for side, rows in (("one_batch_step_s", ids), ("all_in_one_step_s", ids.repeat(presses, 1))):
+        cache = DynamicCache()
+        model(input_ids=rows[:, :budget], past_key_values=cache)
+        positions = torch.arange(budget, budget + chunk)[None]
+        seconds = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            model(input_ids=rows[:, budget : budget + chunk], past_key_values=cache, position_ids=positions)
+            seconds.append(time.perf_counter() - start)
+            cache.crop(budget)
+        medians[side] = statistics.median(seconds)
+    return {**medians, "ratio": presses * medians["one_batch_step_s"] / medians["all_in_one_step_s"]}
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -69,6 +100,7 @@ def measure(args: argparse.Namespace) -> dict:
         )
         print(f"repeat {repeat + 1}: batched {run['batched_s']:.1f} s, cell by cell {run['cells_s']:.1f} s", flush=True)
     return {
+        "ceiling": ceiling(model, ids, len(args.presses), args.budget, args.chunk),
         "presses": args.presses,
         "budget": args.budget,
         "texts": args.texts,
@@ -93,7 +125,10 @@ def main() -> None:
     args = parser.parse_args()
     with torch.no_grad():
         report = write_report(args.output, measure(args))
-    print(f"cell by cell / batched: {report['median_ratio']:.2f}x (goal >= 3)")
+    print(
+        f"cell by cell / batched: {report['median_ratio']:.2f}x (goal >= 3; this machine's ceiling "
+        f"{report['ceiling']['ratio']:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def kept_indices(scores: torch.Tensor, n_kept: int, keep_older: bool = False, to
     equal in exact arithmetic that float rounding set apart still tie.
     """
     scores = scores.nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
-    threshold = scores.topk(n_kept, dim=-1).values[..., -1:] if n_kept else scores.new_full((1,), float("inf"))
+    threshold = nth_highest(scores, n_kept) if n_kept else scores.new_full((1,), float("inf"))
     tied = scores == threshold
     if tolerance:
         tied |= threshold.isfinite() & ((scores - threshold).abs() <= tolerance * threshold.abs())
@@ -38,11 +38,23 @@ def kept_indices(scores: torch.Tensor, n_kept: int, keep_older: bool = False, to
     return answer.scatter_(-1, slot, positions)[..., :n_kept]
 
 
+def nth_highest(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``n``-th highest of ``scores`` along the last axis, (..., 1): from whichever end is nearer (a stream
+    that evicts one key of 257 asks for the 2nd lowest, not a top-256)."""
+    below = scores.shape[-1] - n + 1
+    if below < n:
+        return scores.topk(below, dim=-1, largest=False).values[..., -1:]
+    return scores.topk(n, dim=-1).values[..., -1:]
+
+
 def gather_kept(keys: torch.Tensor, values: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The entries ``kept`` (batch, num_kv_heads, n_kept) of keys and values (batch, num_kv_heads, k_len, head_dim)."""
-    batch, heads = (torch.arange(n, device=kept.device) for n in kept.shape[:2])
-    index = (batch[:, None, None], heads[None, :, None], kept)
-    return keys[index], values[index]
+    """The entries ``kept`` (batch, num_kv_heads, n_kept) of keys and values (batch, num_kv_heads, k_len, dim), as
+    one ``index_select`` of whole rows over the flattened (batch x heads x positions) axis."""
+    batch, heads, k_len = keys.shape[:3]
+    start = torch.arange(0, batch * heads * k_len, k_len, device=kept.device).view(batch, heads, 1)
+    rows = (kept + start).flatten()
+    picked = (t.reshape(-1, t.shape[-1]).index_select(0, rows).view(*kept.shape, t.shape[-1]) for t in (keys, values))
+    return next(picked), next(picked)
 
 
 def check_compression_ratio(compression_ratio: float) -> None:
