@@ -9,7 +9,7 @@ norm.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from presses.model_hooks import WrapperBound, hooks_suspended, input_ids_of, lan
 from presses.smoother import Confirmation
 
 LOGIT_CHUNK_SIZE = 512
+Head = Callable[[torch.Tensor], torch.Tensor]  # hidden states -> logits: the LM head, or logits as they are
 CORRECTNESS_MODES = ("teacher_forced", "confidence", "uniform", "random")
 FROM_PREDICTIONS = ("teacher_forced", "confidence", "random")  # the modes whose weights a ``Transcript`` records
 
@@ -43,9 +44,7 @@ def checked_correctness(correctness: str | torch.Tensor | Sequence[float]) -> st
 
 
 @torch.no_grad()
-def top1_predictions(
-    lm_head: nn.Module, hidden_states: torch.Tensor, chunk_size: int = LOGIT_CHUNK_SIZE
-) -> torch.Tensor:
+def top1_predictions(lm_head: Head, hidden_states: torch.Tensor, chunk_size: int = LOGIT_CHUNK_SIZE) -> torch.Tensor:
     """The argmax of the logits of every row of ``hidden_states`` (batch, length, hidden), computed
     ``chunk_size`` rows at a time so that a (length x vocabulary) matrix is never held. Shape (batch, length)."""
     return torch.cat(
@@ -59,7 +58,7 @@ def top1_predictions(
 
 @torch.no_grad()
 def top1_confidence(
-    lm_head: nn.Module, hidden_states: torch.Tensor, chunk_size: int = LOGIT_CHUNK_SIZE
+    lm_head: Head, hidden_states: torch.Tensor, chunk_size: int = LOGIT_CHUNK_SIZE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-1 predictions of ``top1_predictions`` and their probabilities, the max of the softmax of each
     row's logits in float32 (1 / sum of exp(logit - top)), from the same chunked pass, in place on each chunk's
@@ -151,10 +150,13 @@ class Transcript(WrapperBound):
     """Token ids, top-1 predictions and (when ``confident``) their probabilities by absolute position, for the
     sequence a wrapped press is compressing.
 
-    ``attach`` hooks the decoder stack (its input ids) and its final norm (the predictions of every row it
-    outputs). The hooks live as long as the wrapper press that runs ``owner``: once its attention hooks are
-    removed (the wrapper's context exits), the transcript's own hooks are removed with them. A forward supersedes
-    everything recorded from its first position on (a new sequence, a cache cropped for the next question).
+    ``attach`` hooks the decoder stack (its input ids), its final norm (the rows whose predictions are wanted) and
+    the LM head: the predictions are the argmax of the forward's own logits where the head ran on every row the norm
+    output, else of one more pass of the head over those rows, made when anything reads the predictions (no second
+    pass over the vocabulary in a forward that computes every row's logits). The hooks live as long as the wrapper
+    press that runs ``owner``: once its attention hooks are removed (the wrapper's context exits), the transcript's
+    own hooks are removed with them. A forward supersedes everything recorded from its first position on (a new
+    sequence, a cache cropped for the next question).
     ``confirm`` reads teacher-forced correctness, ``confident_weights`` the probabilities (``confirmation`` picks).
     """
 
@@ -165,6 +167,7 @@ class Transcript(WrapperBound):
         self.probabilities = torch.empty(0, 0, dtype=torch.float32)  # recorded only when ``confident``
         self.confident = False
         self.rows: slice | None = None  # the batch rows recorded (None: all)
+        self._wanted: tuple | None = None  # (lm_head, positions, hidden, host, batch): rows whose predictions are due
         # on the host: the positions where every sequence's token and prediction are recorded; None once the host
         # cannot tell (padding, or sequences at different positions): the device is asked then
         self.extent: tuple[Spans, Spans] | None = (Spans(), Spans())
@@ -180,9 +183,38 @@ class Transcript(WrapperBound):
         self.handles = [
             stack.register_forward_pre_hook(lambda m, a, k: self._record_ids(model, owner, a, k), with_kwargs=True),
             stack.norm.register_forward_hook(lambda m, a, out: self._record_predictions(lm_head, out)),
+            lm_head.register_forward_hook(lambda m, a, out: self._record_logits(out)),
         ]
 
+    @property
+    def predictions(self) -> torch.Tensor:
+        self._predict_wanted()
+        return self._predictions
+
+    @predictions.setter
+    def predictions(self, table: torch.Tensor) -> None:
+        self._predictions = table
+
+    @property
+    def probabilities(self) -> torch.Tensor:
+        self._predict_wanted()
+        return self._probabilities
+
+    @probabilities.setter
+    def probabilities(self, table: torch.Tensor) -> None:
+        self._probabilities = table
+
+    @property
+    def extent(self) -> tuple[Spans, Spans] | None:
+        self._predict_wanted()
+        return self._extent
+
+    @extent.setter
+    def extent(self, extent: tuple[Spans, Spans] | None) -> None:
+        self._extent = extent
+
     def clear(self) -> None:
+        self._wanted = None
         self._truncate(0)
         self.extent = (Spans(), Spans())
 
@@ -203,6 +235,7 @@ class Transcript(WrapperBound):
             self.extent[which].add(host[0], host[-1] + 1)
 
     def _record_ids(self, model: PreTrainedModel, owner: object, args: tuple, kwargs: dict) -> None:
+        self._predict_wanted()  # the last forward's, before this one supersedes anything
         if not self._bind_to_wrapper(model, owner):
             return
         ids = input_ids_of(args, kwargs)
@@ -229,7 +262,7 @@ class Transcript(WrapperBound):
         self._call = {"input_ids": ids, **{key: kwargs.get(key) for key in ("attention_mask", "position_ids")}}
 
     def _record_predictions(self, lm_head: nn.Module, output: torch.Tensor) -> None:
-        positions = getattr(self, "_last_positions", None)
+        positions, batch = getattr(self, "_last_positions", None), output.shape[0]
         output = output if self.rows is None else output[self.rows]
         if positions is None or positions.shape[1] != output.shape[1]:
             return
@@ -239,10 +272,28 @@ class Transcript(WrapperBound):
                 return  # a pre-pass already predicted these rows
         elif bool((_read(self.predictions, positions) >= 0).all()):
             return
-        self._write_predictions(lm_head, positions, output, host)
+        self._wanted = (lm_head, positions, output, host, batch)
+
+    def _record_logits(self, logits: torch.Tensor) -> None:
+        """The wanted rows' predictions from the forward's own logits, when the head ran on every row the norm
+        output (not under ``logits_to_keep``, nor on anything else)."""
+        if self._wanted is None:
+            return
+        _, positions, hidden, host, batch = self._wanted
+        if logits.ndim != 3 or logits.shape[0] != batch or logits.shape[1] != hidden.shape[1]:
+            return
+        self._wanted = None
+        head = torch.clone if self.confident else nn.Identity()  # top1_confidence works in place on what it is given
+        self._write_predictions(head, positions, logits if self.rows is None else logits[self.rows], host)
+
+    def _predict_wanted(self) -> None:
+        """The wanted rows' predictions from one pass of the head, if no forward's logits gave them."""
+        wanted, self._wanted = getattr(self, "_wanted", None), None
+        if wanted is not None:
+            self._write_predictions(*wanted[:4])
 
     def _write_predictions(
-        self, lm_head: nn.Module, positions: torch.Tensor, hidden: torch.Tensor, host: list[int] | None = None
+        self, lm_head: Head, positions: torch.Tensor, hidden: torch.Tensor, host: list[int] | None = None
     ) -> None:
         """Record the predictions of the rows of ``hidden`` (and, when ``confident``, their probabilities, from the
         same pass over the vocabulary) at ``positions`` (batch, length); ``host``: the first sequence's positions on

@@ -198,3 +198,25 @@ def test_rows_lost_by_a_short_buffer_are_refused():
     press = DecodingPress(RMMPress(lag=LAG), compression_interval=4, target_size=TARGET, hidden_states_buffer_size=2)
     with pytest.raises(ValueError, match="set hidden_states_buffer_size >= compression_interval"):
         decode_under(tiny_model("llama", "sdpa"), press, forced=False)
+
+
+@pytest.mark.parametrize("correctness", ["teacher_forced", "confidence"])
+def test_the_transcript_reads_each_forwards_own_logits_with_no_second_pass_of_the_head(correctness):
+    """The model's LM head runs once per forward (its own logits give the predictions), besides one pass over the
+    context the press replays (it met the cache already filled), and the press's recorded predictions and
+    probabilities are the logits' argmax and top-1 softmax at every position."""
+    model, calls = confident_model("llama", "sdpa"), []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, a, out: calls.append(out.shape[1]))
+    press = press_for(1, correctness)
+    record = decode_under(model, press, forced=True)
+    hook.remove()
+    forwards = record["forwards"]
+    assert calls == [CONTEXT, CONTEXT] + [len(forward["positions"]) for forward in forwards[1:]]
+    transcript = press.base_press._transcript
+    under_press = forwards[1:]
+    positions = [p for forward in under_press for p in forward["positions"]]
+    expected = [p for forward in under_press for p in forward["predictions"]]
+    assert transcript.predictions[0, positions].tolist() == expected
+    if correctness == "confidence":
+        confidences = torch.tensor([c for forward in under_press for c in forward["confidences"]])
+        torch.testing.assert_close(transcript.probabilities[0, positions], confidences)
