@@ -10,6 +10,7 @@ norm.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -146,14 +147,35 @@ class Spans:
         return any(first <= start and stop <= last for first, last in self.ranges)
 
 
+class Wanted(NamedTuple):
+    """Rows of a forward in progress whose predictions are due: the head, their positions (batch, length), their
+    hidden states, the first sequence's positions on the host (None: unknown) and the norm's whole output (the
+    head's input when the forward computes every row's logits)."""
+
+    lm_head: nn.Module
+    positions: torch.Tensor
+    hidden: torch.Tensor
+    host: list[int] | None
+    norm_output: torch.Tensor
+
+
+def _as_given(logits: torch.Tensor) -> torch.Tensor:
+    return logits
+
+
+def _copied(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` in float32, copied (``top1_confidence`` works in place), once whatever their dtype."""
+    return logits.clone() if logits.dtype == torch.float32 else logits.float()
+
+
 class Transcript(WrapperBound):
     """Token ids, top-1 predictions and (when ``confident``) their probabilities by absolute position, for the
     sequence a wrapped press is compressing.
 
     ``attach`` hooks the decoder stack (its input ids), its final norm (the rows whose predictions are wanted) and
-    the LM head: the predictions are the argmax of the forward's own logits where the head ran on every row the norm
-    output, else of one more pass of the head over those rows, made when anything reads the predictions (no second
-    pass over the vocabulary in a forward that computes every row's logits). The hooks live as long as the wrapper
+    the LM head: the predictions are the argmax of the forward's own logits where the head ran on the norm's whole
+    output, else, at the end of that forward, of one more pass of the head over those rows (no second pass over the
+    vocabulary in a forward that computes every row's logits). The hooks live as long as the wrapper
     press that runs ``owner``: once its attention hooks are removed (the wrapper's context exits), the transcript's
     own hooks are removed with them. A forward supersedes everything recorded from its first position on (a new
     sequence, a cache cropped for the next question).
@@ -167,7 +189,8 @@ class Transcript(WrapperBound):
         self.probabilities = torch.empty(0, 0, dtype=torch.float32)  # recorded only when ``confident``
         self.confident = False
         self.rows: slice | None = None  # the batch rows recorded (None: all)
-        self._wanted: tuple | None = None  # (lm_head, positions, hidden, host, batch): rows whose predictions are due
+        self._wanted: Wanted | None = None
+        self._in_model = False  # inside the causal LM's forward, whose head runs after the stack
         # on the host: the positions where every sequence's token and prediction are recorded; None once the host
         # cannot tell (padding, or sequences at different positions): the device is asked then
         self.extent: tuple[Spans, Spans] | None = (Spans(), Spans())
@@ -177,45 +200,28 @@ class Transcript(WrapperBound):
         """Record what ``model`` runs from now on; ``rows``: the batch rows that are this press's sequences, in a
         forward whose batch holds others' too (None: every row)."""
         self.detach()
-        self.confident, self.rows = confident, rows
+        self.confident, self.rows, self._in_model = confident, rows, False
         stack = language_model(model)
         lm_head = model.get_output_embeddings()
         self.handles = [
             stack.register_forward_pre_hook(lambda m, a, k: self._record_ids(model, owner, a, k), with_kwargs=True),
             stack.norm.register_forward_hook(lambda m, a, out: self._record_predictions(lm_head, out)),
-            lm_head.register_forward_hook(lambda m, a, out: self._record_logits(out)),
+            stack.register_forward_hook(lambda m, a, out: None if self._in_model else self._predict_wanted()),
         ]
-
-    @property
-    def predictions(self) -> torch.Tensor:
-        self._predict_wanted()
-        return self._predictions
-
-    @predictions.setter
-    def predictions(self, table: torch.Tensor) -> None:
-        self._predictions = table
-
-    @property
-    def probabilities(self) -> torch.Tensor:
-        self._predict_wanted()
-        return self._probabilities
-
-    @probabilities.setter
-    def probabilities(self, table: torch.Tensor) -> None:
-        self._probabilities = table
-
-    @property
-    def extent(self) -> tuple[Spans, Spans] | None:
-        self._predict_wanted()
-        return self._extent
-
-    @extent.setter
-    def extent(self, extent: tuple[Spans, Spans] | None) -> None:
-        self._extent = extent
+        if lm_head is not None and model is not stack:
+            self.handles += [
+                model.register_forward_pre_hook(lambda m, a: setattr(self, "_in_model", True)),
+                lm_head.register_forward_hook(lambda m, a, out: self._record_logits(a[0], out)),
+                model.register_forward_hook(lambda m, a, out: self._end_of_model_forward()),
+            ]
 
     def clear(self) -> None:
         self._wanted = None
         self._truncate(0)
+
+    def _end_of_model_forward(self) -> None:
+        self._in_model = False
+        self._predict_wanted()
         self.extent = (Spans(), Spans())
 
     def _truncate(self, length: int) -> None:
@@ -262,7 +268,7 @@ class Transcript(WrapperBound):
         self._call = {"input_ids": ids, **{key: kwargs.get(key) for key in ("attention_mask", "position_ids")}}
 
     def _record_predictions(self, lm_head: nn.Module, output: torch.Tensor) -> None:
-        positions, batch = getattr(self, "_last_positions", None), output.shape[0]
+        positions, full = getattr(self, "_last_positions", None), output
         output = output if self.rows is None else output[self.rows]
         if positions is None or positions.shape[1] != output.shape[1]:
             return
@@ -272,25 +278,25 @@ class Transcript(WrapperBound):
                 return  # a pre-pass already predicted these rows
         elif bool((_read(self.predictions, positions) >= 0).all()):
             return
-        self._wanted = (lm_head, positions, output, host, batch)
+        self._wanted = Wanted(lm_head, positions.clone(), output, host, full)
 
-    def _record_logits(self, logits: torch.Tensor) -> None:
-        """The wanted rows' predictions from the forward's own logits, when the head ran on every row the norm
-        output (not under ``logits_to_keep``, nor on anything else)."""
-        if self._wanted is None:
+    def _record_logits(self, hidden: torch.Tensor, logits: torch.Tensor) -> None:
+        """The wanted rows' predictions from the forward's own logits, when the head ran on the norm's whole output
+        (not under ``logits_to_keep``, nor on anything else)."""
+        wanted = self._wanted
+        if wanted is None or hidden.shape != wanted.norm_output.shape:
             return
-        _, positions, hidden, host, batch = self._wanted
-        if logits.ndim != 3 or logits.shape[0] != batch or logits.shape[1] != hidden.shape[1]:
+        if hidden.data_ptr() != wanted.norm_output.data_ptr():
             return
         self._wanted = None
-        head = torch.clone if self.confident else nn.Identity()  # top1_confidence works in place on what it is given
-        self._write_predictions(head, positions, logits if self.rows is None else logits[self.rows], host)
+        head = _copied if self.confident else _as_given  # top1_confidence works in place on what it is given
+        self._write_predictions(head, wanted.positions, logits if self.rows is None else logits[self.rows], wanted.host)
 
     def _predict_wanted(self) -> None:
         """The wanted rows' predictions from one pass of the head, if no forward's logits gave them."""
-        wanted, self._wanted = getattr(self, "_wanted", None), None
+        wanted, self._wanted = self._wanted, None
         if wanted is not None:
-            self._write_predictions(*wanted[:4])
+            self._write_predictions(wanted.lm_head, wanted.positions, wanted.hidden, wanted.host)
 
     def _write_predictions(
         self, lm_head: Head, positions: torch.Tensor, hidden: torch.Tensor, host: list[int] | None = None

@@ -220,3 +220,20 @@ def test_the_transcript_reads_each_forwards_own_logits_with_no_second_pass_of_th
     if correctness == "confidence":
         confidences = torch.tensor([c for forward in under_press for c in forward["confidences"]])
         torch.testing.assert_close(transcript.probabilities[0, positions], confidences)
+
+
+def test_a_forward_whose_head_sees_fewer_rows_still_records_every_rows_prediction_by_its_end():
+    """The stack alone (KVPress's pipeline prefills so) and a forward whose head computes the last row's logits only
+    (``generate``'s ``logits_to_keep``) both leave every row's prediction recorded when they end: the argmax of the
+    head over that row, as a plain forward's logits give it."""
+    model = tiny_model("llama", "sdpa")
+    ids = torch.randint(3, 256, (1, 30), generator=torch.Generator().manual_seed(5))
+    expected = model(input_ids=ids).logits.argmax(-1)[0]
+    press, cache = press_for(1), DynamicCache()
+    transcript = press.base_press._transcript
+    with torch.no_grad(), press(model):
+        model.model(input_ids=ids[:, :20], past_key_values=cache)
+        assert transcript.predictions[0, :20].tolist() == expected[:20].tolist()
+        positions = torch.arange(20, 30)[None]
+        model(input_ids=ids[:, 20:], past_key_values=cache, position_ids=positions, logits_to_keep=1)
+        assert transcript.predictions[0, 20:30].tolist() == expected[20:].tolist()
