@@ -53,8 +53,11 @@ def gather_kept(keys: torch.Tensor, values: torch.Tensor, kept: torch.Tensor) ->
     batch, heads, k_len = keys.shape[:3]
     start = torch.arange(0, batch * heads * k_len, k_len, device=kept.device).view(batch, heads, 1)
     rows = (kept + start).flatten()
-    picked = (t.reshape(-1, t.shape[-1]).index_select(0, rows).view(*kept.shape, t.shape[-1]) for t in (keys, values))
-    return next(picked), next(picked)
+
+    def pick(entries: torch.Tensor) -> torch.Tensor:
+        return entries.reshape(-1, entries.shape[-1]).index_select(0, rows).view(*kept.shape, entries.shape[-1])
+
+    return pick(keys), pick(values)
 
 
 def check_compression_ratio(compression_ratio: float) -> None:

@@ -218,11 +218,11 @@ class Transcript(WrapperBound):
     def clear(self) -> None:
         self._wanted = None
         self._truncate(0)
+        self.extent = (Spans(), Spans())
 
     def _end_of_model_forward(self) -> None:
         self._in_model = False
         self._predict_wanted()
-        self.extent = (Spans(), Spans())
 
     def _truncate(self, length: int) -> None:
         """Forget everything recorded at position ``length`` and later."""

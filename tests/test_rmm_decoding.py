@@ -237,3 +237,17 @@ def test_a_forward_whose_head_sees_fewer_rows_still_records_every_rows_predictio
         positions = torch.arange(20, 30)[None]
         model(input_ids=ids[:, 20:], past_key_values=cache, position_ids=positions, logits_to_keep=1)
         assert transcript.predictions[0, 20:30].tolist() == expected[20:].tolist()
+
+
+def test_after_a_forward_the_newest_rows_correctness_waits_for_the_next_token_and_the_others_are_settled():
+    """Teacher forcing: row t is judged by token t + 1, so after a forward of the whole model only its last row is
+    unsettled; the host's record says so without asking the device, and a new context forgets it."""
+    model = tiny_model("llama", "sdpa")
+    ids = torch.randint(3, 256, (1, 12), generator=torch.Generator().manual_seed(6))
+    press = press_for(1)
+    transcript = press.base_press._transcript
+    with torch.no_grad(), press(model):
+        model(input_ids=ids, past_key_values=DynamicCache())
+        assert [transcript.settled_at(p, "teacher_forced") for p in range(12)] == [True] * 11 + [False]
+    transcript.clear()
+    assert transcript.extent is not None and not transcript.extent[0].ranges and not transcript.extent[1].ranges
